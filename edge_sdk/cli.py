@@ -1,0 +1,98 @@
+"""The ``edge-sdk`` console script.
+
+Subcommands are registered by each package in the ``edge_sdk.commands`` entry-point group and
+are imported only when invoked, so device-side commands work without the workstation
+packages (torch) installed, and listing commands never imports any of them. Each entry
+point resolves to ``fn(argv: list[str]) -> int | None`` that parses its own arguments.
+"""
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from edge_sdk import __version__
+from edge_sdk.errors import EdgeSdkError
+
+ENTRY_POINT_GROUP = "edge_sdk.commands"
+PROG = "edge-sdk"
+_INSTALL_HINT = "pip install 'edge-sdk[train]'"
+
+
+class CommandEntryPoint(Protocol):
+    """What the dispatcher needs of an entry point (``importlib.metadata.EntryPoint``)."""
+
+    def load(self) -> Any: ...
+
+
+def command_entry_points() -> Mapping[str, CommandEntryPoint]:
+    """The registered subcommands by name, not loaded."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _usage(names: Sequence[str]) -> str:
+    listing = "\n".join(f"  {name}" for name in names) or (
+        f"  (none registered; is edge-sdk installed? Commands come from the "
+        f"'{ENTRY_POINT_GROUP}' entry points)"
+    )
+    return (
+        f"usage: {PROG} <command> [arguments...]\n"
+        f"       {PROG} --version\n\n"
+        f"commands:\n{listing}\n\n"
+        f"Run '{PROG} <command> --help' for the arguments of a command."
+    )
+
+
+def _unknown_command(name: str, names: Sequence[str]) -> str:
+    available = ", ".join(names) or "none registered"
+    message = f"{PROG}: unknown command '{name}'; available commands: {available}"
+    close = difflib.get_close_matches(name, names, n=1)
+    return message + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch ``argv`` (default ``sys.argv[1:]``) to a subcommand; return the exit code.
+
+    ``SystemExit`` raised by a command's own argparse (``--help``, bad arguments) propagates.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = command_entry_points()
+    names = sorted(commands)
+
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage(names))
+        return 0
+    if args[0] == "--version":
+        print(f"{PROG} {__version__}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name.startswith("-"):
+        print(f"{PROG}: unknown option '{name}'\n{_usage(names)}", file=sys.stderr)
+        return 2
+    if name not in commands:
+        print(_unknown_command(name, names), file=sys.stderr)
+        return 2
+
+    try:
+        command: Callable[[list[str]], int | None] = commands[name].load()
+    except ImportError as exc:
+        print(
+            f"{PROG}: the '{name}' command could not be loaded ({exc}).\n"
+            f"It needs the workstation extras: {_INSTALL_HINT}",
+            file=sys.stderr,
+        )
+        return 2
+
+    try:
+        code = command(rest)
+    except EdgeSdkError as exc:
+        # Our own errors already say what was wrong and what was expected; a traceback adds noise.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if code is None else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Typed errors. Every message names what was wrong and what was expected.
+
+All derive from :class:`EdgeSdkError` (and from ``ValueError`` where the cause is a
+bad value) so callers can catch one family without parsing messages.
+"""
+from __future__ import annotations
+
+
+class EdgeSdkError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(EdgeSdkError, ValueError):
+    """A configuration key, type or value is not allowed."""
+
+
+class DataError(EdgeSdkError, ValueError):
+    """A data source is missing, malformed or inconsistent."""
+
+
+class CheckpointError(EdgeSdkError, ValueError):
+    """A checkpoint file is missing, corrupt or of an unknown format."""
+
+
+class InputError(EdgeSdkError, ValueError):
+    """An input passed to the runtime has the wrong shape, dtype or values."""
+
+
+class BundleError(EdgeSdkError, ValueError):
+    """A bundle directory or its manifest is invalid."""
+
+
+class BudgetError(EdgeSdkError, ValueError):
+    """A budget is invalid, or (strict mode) cannot be met."""

@@ -1,0 +1,377 @@
+"""Quality and uncertainty metrics, defined once for the trainer, the exporters and the runtime.
+
+numpy only, because this module runs on the device. Every public function validates its
+inputs and raises :class:`edge_sdk.errors.InputError` naming the argument and what was
+expected, rather than returning a silently wrong number. Logarithms are natural.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from edge_sdk.errors import InputError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+__all__ = [
+    "ReliabilityBins",
+    "accuracy",
+    "auroc",
+    "brier",
+    "ece",
+    "expected_entropy",
+    "log_softmax",
+    "mutual_information",
+    "nll",
+    "ood_auroc",
+    "predictive_entropy",
+    "reliability_bins",
+    "softmax",
+    "summarize",
+]
+
+# Probabilities computed in float32 (interpreters, exported graphs) do not sum to exactly 1.
+_SUM_TOLERANCE = 1e-3
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _as_float_array(x: ArrayLike, name: str) -> NDArray[np.float64]:
+    try:
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(
+            f"{name} must be a numeric array, got {type(x).__name__} ({exc})"
+        ) from None
+
+
+def _check_distributions(p: NDArray[np.float64], name: str, shape_doc: str) -> None:
+    """Check that every vector along the last axis of ``p`` is a probability distribution."""
+    if p.size == 0:
+        raise InputError(f"{name} must not be empty; expected shape {shape_doc}, got {p.shape}")
+    if not np.all(np.isfinite(p)):
+        raise InputError(f"{name} must contain only finite values; found NaN or inf")
+    if np.any(p < 0):
+        raise InputError(f"{name} must be probabilities >= 0; found minimum {p.min():.6g}")
+    sums = p.sum(axis=-1)
+    bad = np.abs(sums - 1.0) > _SUM_TOLERANCE
+    if np.any(bad):
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = str(first[0]) if len(first) == 1 else str(first)
+        raise InputError(
+            f"{name} rows must sum to 1 (within {_SUM_TOLERANCE:g}) over the class axis; "
+            f"row {where} sums to {sums[first]:.6g}. Pass probabilities, not logits (see softmax)"
+        )
+
+
+def _as_probs(probs: ArrayLike) -> NDArray[np.float64]:
+    p = _as_float_array(probs, "probs")
+    if p.ndim != 2:
+        raise InputError(f"probs must be a 2-D array of shape [N, C], got shape {p.shape}")
+    _check_distributions(p, "probs", "[N, C]")
+    return p
+
+
+def _as_labels(labels: ArrayLike, n: int, n_classes: int) -> NDArray[np.intp]:
+    y = np.asarray(labels)
+    if y.ndim != 1 or y.shape[0] != n:
+        raise InputError(
+            f"labels must be a 1-D array of length N={n} (one per row of probs), "
+            f"got shape {y.shape}"
+        )
+    # Integral floats (e.g. labels that went through a float tensor) are unambiguous; bools are not.
+    if y.dtype.kind == "f" and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+        y = y.astype(np.intp)
+    if y.dtype.kind not in "iu":
+        raise InputError(f"labels must be integer class indices, got dtype {y.dtype}")
+    if y.min() < 0 or y.max() >= n_classes:
+        raise InputError(
+            f"labels must be class indices in [0, {n_classes}) "
+            f"for probs with C={n_classes} columns, "
+            f"got values in [{y.min()}, {y.max()}]"
+        )
+    return y.astype(np.intp)
+
+
+def _probs_and_labels(
+    probs: ArrayLike, labels: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.intp]]:
+    p = _as_probs(probs)
+    return p, _as_labels(labels, p.shape[0], p.shape[1])
+
+
+def _as_scores(scores: ArrayLike, name: str) -> NDArray[np.float64]:
+    s = _as_float_array(scores, name)
+    if s.ndim != 1 or s.size == 0:
+        raise InputError(f"{name} must be a non-empty 1-D array of shape [N], got shape {s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise InputError(f"{name} must contain only finite values; found NaN or inf")
+    return s
+
+
+def _as_sample_probs(probs_s: ArrayLike) -> NDArray[np.float64]:
+    p = _as_float_array(probs_s, "probs_s")
+    if p.ndim == 2:
+        p = p[np.newaxis]
+    elif p.ndim != 3:
+        raise InputError(
+            f"probs_s must have shape [S, N, C] (or [N, C] for a single sample), "
+            f"got shape {p.shape}"
+        )
+    _check_distributions(p, "probs_s", "[S, N, C]")
+    return p
+
+
+# --------------------------------------------------------------------------- classification quality
+
+
+def accuracy(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Fraction of samples whose most probable class (``probs`` [N, C]) equals ``labels`` [N]."""
+    p, y = _probs_and_labels(probs, labels)
+    return float(np.mean(p.argmax(axis=1) == y))
+
+
+def nll(probs: ArrayLike, labels: ArrayLike, eps: float = 1e-12) -> float:
+    """Mean negative log probability of the true class.
+
+    Probabilities are clipped at ``eps`` so a confident mistake costs ``-log(eps)``, not inf.
+    """
+    if not (np.isfinite(eps) and 0.0 < eps < 1.0):
+        raise InputError(f"eps must be a number in (0, 1), got {eps!r}")
+    p, y = _probs_and_labels(probs, labels)
+    p_true = np.clip(p[np.arange(y.size), y], eps, 1.0)
+    return float(-np.mean(np.log(p_true)))
+
+
+def brier(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Brier score: mean over samples of ``sum_c (p_c - onehot_c)^2`` (range [0, 2])."""
+    p, y = _probs_and_labels(probs, labels)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(y.size), y] = 1.0
+    return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
+
+
+@dataclass(frozen=True, eq=False)
+class ReliabilityBins:
+    """Calibration statistics over equal-width confidence bins (confidence = max probability).
+
+    Bin ``k`` covers ``(edges[k], edges[k + 1]]``; the first bin also includes 0. Empty bins
+    have ``counts == 0`` and NaN ``accuracy`` and ``confidence``.
+    """
+
+    edges: NDArray[np.float64]  # [n_bins + 1]
+    counts: NDArray[np.intp]  # [n_bins]
+    accuracy: NDArray[np.float64]  # [n_bins], fraction correct per bin
+    confidence: NDArray[np.float64]  # [n_bins], mean confidence per bin
+
+    @property
+    def ece(self) -> float:
+        """Expected calibration error: ``sum_k (n_k / N) |accuracy_k - confidence_k|``."""
+        filled = self.counts > 0
+        weights = self.counts[filled] / self.counts.sum()
+        return float(np.sum(weights * np.abs(self.accuracy[filled] - self.confidence[filled])))
+
+    def plot(self, ax: Axes | None = None) -> Axes:
+        """Draw the reliability diagram on ``ax`` (a new figure if None) and return the axes.
+
+        matplotlib is a workstation dependency (the ``train`` extras), so it is imported only
+        when a new figure is needed.
+        """
+        if ax is None:
+            try:
+                import matplotlib.pyplot as plt
+            except ImportError as exc:
+                raise ImportError(
+                    "ReliabilityBins.plot needs matplotlib: pip install 'edge-sdk[train]'"
+                ) from exc
+            _, ax = plt.subplots(figsize=(4, 4))
+        filled = self.counts > 0
+        left = self.edges[:-1][filled]
+        width = np.diff(self.edges)[filled]
+        acc = self.accuracy[filled]
+        ax.bar(left, acc, width=width, align="edge", edgecolor="black", label="accuracy")
+        ax.bar(
+            left,
+            self.confidence[filled] - acc,
+            bottom=acc,
+            width=width,
+            align="edge",
+            color="red",
+            alpha=0.3,
+            edgecolor="red",
+            label="gap to confidence",
+        )
+        ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="perfect calibration")
+        ax.set_xlim(0.0, 1.0)
+        ax.set_ylim(0.0, 1.0)
+        ax.set_xlabel("confidence")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"ECE = {self.ece:.4f}")
+        ax.legend(loc="upper left")
+        return ax
+
+
+def _check_n_bins(n_bins: int) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise InputError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+    return int(n_bins)
+
+
+def reliability_bins(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> ReliabilityBins:
+    """Bin samples by confidence into ``n_bins`` equal-width bins over [0, 1].
+
+    See :class:`ReliabilityBins` for the bin convention.
+    """
+    n_bins = _check_n_bins(n_bins)
+    p, y = _probs_and_labels(probs, labels)
+    conf = p.max(axis=1)
+    correct = p.argmax(axis=1) == y
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    # side="left" on the inner edges sends a confidence equal to an edge to the bin below it,
+    # i.e. (lo, hi] bins; 0 lands in bin 0 and 1 (or 1 + rounding) in the last bin.
+    idx = np.searchsorted(edges[1:-1], conf, side="left")
+    counts = np.bincount(idx, minlength=n_bins)
+    with np.errstate(invalid="ignore"):  # 0 / 0 -> NaN marks empty bins
+        bin_acc = np.bincount(idx, weights=correct, minlength=n_bins) / counts
+        bin_conf = np.bincount(idx, weights=conf, minlength=n_bins) / counts
+    return ReliabilityBins(edges=edges, counts=counts, accuracy=bin_acc, confidence=bin_conf)
+
+
+def ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Expected calibration error over ``n_bins`` equal-width confidence bins."""
+    return reliability_bins(probs, labels, n_bins).ece
+
+
+def summarize(probs: ArrayLike, labels: ArrayLike) -> dict[str, float]:
+    """The headline quality numbers: accuracy, NLL, Brier and ECE (15 bins)."""
+    return {
+        "accuracy": accuracy(probs, labels),
+        "nll": nll(probs, labels),
+        "brier": brier(probs, labels),
+        "ece": ece(probs, labels),
+    }
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def auroc(scores: ArrayLike, is_positive: ArrayLike) -> float:
+    """Exact area under the ROC curve.
+
+    The probability that a random positive scores higher than a random negative, ties
+    counting 1/2: the Mann–Whitney U statistic computed from average ranks.
+    """
+    s = _as_scores(scores, "scores")
+    pos = np.asarray(is_positive)
+    if pos.ndim != 1 or pos.shape[0] != s.size:
+        raise InputError(
+            f"is_positive must be a 1-D array of length N={s.size} (one per score), "
+            f"got shape {pos.shape}"
+        )
+    if pos.dtype.kind != "b":
+        if pos.dtype.kind not in "iuf" or not np.all((pos == 0) | (pos == 1)):
+            raise InputError(f"is_positive must be booleans (or 0/1), got dtype {pos.dtype}")
+        pos = pos.astype(bool)
+    n_pos = int(pos.sum())
+    n_neg = pos.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise InputError(
+            f"is_positive must contain both classes for AUROC to be defined, "
+            f"got {n_pos} positive and {n_neg} negative"
+        )
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    # Tied scores share the mean of the 1-based ranks they occupy.
+    mean_rank = np.cumsum(counts) - (counts - 1) / 2.0
+    ranks = mean_rank[inverse.reshape(-1)]
+    u = ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def ood_auroc(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
+    """AUROC of separating out-of-distribution from in-distribution inputs.
+
+    OOD is the positive class, so the score must grow with "more OOD" (e.g. predictive entropy).
+    """
+    s_in = _as_scores(scores_in, "scores_in")
+    s_out = _as_scores(scores_out, "scores_out")
+    is_out = np.concatenate([np.zeros(s_in.size, dtype=bool), np.ones(s_out.size, dtype=bool)])
+    return auroc(np.concatenate([s_in, s_out]), is_out)
+
+
+# --------------------------------------------------------------------------- uncertainty
+
+
+def _entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
+    # log(1) = 0 stands in for log(0), so zero probabilities contribute 0 without a warning.
+    return -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=-1)
+
+
+def _predictive_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
+    return _entropy(p.mean(axis=0))
+
+
+def _expected_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
+    return _entropy(p).mean(axis=0)
+
+
+def predictive_entropy(probs_s: ArrayLike) -> NDArray[np.float64]:
+    """``H[mean_s p_s]`` per input, from sample probabilities [S, N, C] (or [N, C]); returns [N]."""
+    return _predictive_entropy(_as_sample_probs(probs_s))
+
+
+def expected_entropy(probs_s: ArrayLike) -> NDArray[np.float64]:
+    """``mean_s H[p_s]`` per input (aleatoric part), from [S, N, C] (or [N, C]); returns [N]."""
+    return _expected_entropy(_as_sample_probs(probs_s))
+
+
+def mutual_information(probs_s: ArrayLike) -> NDArray[np.float64]:
+    """Predictive minus expected entropy, clamped at 0 (epistemic part); returns [N].
+
+    Input as for :func:`predictive_entropy`.
+    """
+    p = _as_sample_probs(probs_s)
+    # Non-negative in exact arithmetic (Jensen); only rounding can push it below 0.
+    return np.maximum(_predictive_entropy(p) - _expected_entropy(p), 0.0)
+
+
+# --------------------------------------------------------------------------- logits
+
+
+def _scaled_logits(logits: ArrayLike, axis: int, temperature: float) -> NDArray[np.floating]:
+    x = np.asarray(logits)
+    if x.dtype.kind not in "iuf":
+        raise InputError(f"logits must be a numeric array, got dtype {x.dtype}")
+    # Keep float32 float32 (device outputs); promote integers and float16.
+    x = x.astype(np.result_type(x.dtype, np.float32), copy=False)
+    if x.ndim == 0:
+        raise InputError("logits must have at least one dimension, got a scalar")
+    if not -x.ndim <= axis < x.ndim:
+        raise InputError(
+            f"axis must be in [{-x.ndim}, {x.ndim}) for logits of shape {x.shape}, got {axis}"
+        )
+    if not np.all(np.isfinite(x)):
+        raise InputError("logits must contain only finite values; found NaN or inf")
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise InputError(f"temperature must be a finite number > 0, got {temperature!r}")
+    z = x / temperature
+    # Shifting by the max changes nothing mathematically and keeps exp() from overflowing.
+    return z - z.max(axis=axis, keepdims=True)
+
+
+def softmax(logits: ArrayLike, axis: int = -1, temperature: float = 1.0) -> NDArray[np.floating]:
+    """Numerically stable ``softmax(logits / temperature)`` along ``axis``."""
+    e = np.exp(_scaled_logits(logits, axis, temperature))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def log_softmax(
+    logits: ArrayLike, axis: int = -1, temperature: float = 1.0
+) -> NDArray[np.floating]:
+    """Numerically stable ``log(softmax(logits / temperature))`` along ``axis``."""
+    z = _scaled_logits(logits, axis, temperature)
+    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))

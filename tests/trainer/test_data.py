@@ -1,0 +1,293 @@
+"""trainer.data: sources, stratified splits, normalisation, input spec, OOD and subsets.
+
+Offline only: digits is bundled with scikit-learn; npz and image-folder sources are
+written to tmp_path. Nothing here reads /work/shared/data.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from edge_sdk.errors import ConfigError, DataError
+from trainer.config import DataConfig
+from trainer.data import (
+    ArrayDataset,
+    InputSpec,
+    _digits_arrays,
+    _stratified_split,
+    calibration_subset,
+    load_data,
+    load_ood,
+    subset,
+)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_data(DataConfig(source="digits", split_seed=0))
+
+
+def _rows(ds: ArrayDataset) -> np.ndarray:
+    """(pixels..., label) rows sorted lexicographically: a multiset fingerprint of a dataset."""
+    rows = np.concatenate([ds.raw.reshape(len(ds), -1), ds.y.numpy()[:, None].astype(np.float32)], axis=1)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def _write_npz(path, n_train=60, n_test=15, hw=(6, 6), channels=None, classes=("a", "b", "c"), seed=0, **extra):
+    rng = np.random.default_rng(seed)
+    shape = hw if channels is None else (*hw, channels)
+    k = len(classes) if classes is not None else 3
+    arrays = {
+        "x_train": rng.integers(0, 256, (n_train, *shape), dtype=np.uint8),
+        "y_train": np.arange(n_train, dtype=np.int64) % k,
+        "x_test": rng.integers(0, 256, (n_test, *shape), dtype=np.uint8),
+        "y_test": np.arange(n_test, dtype=np.int64) % k,
+    }
+    if classes is not None:
+        arrays["classes"] = np.array(classes)
+    arrays.update(extra)
+    np.savez_compressed(path, **arrays)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- digits splits
+
+
+def test_digits_splits_are_disjoint_and_cover_everything(digits):
+    images, labels = _digits_arrays()
+    assert len(digits.train) + len(digits.val) + len(digits.test) == len(labels) == 1797
+    full = np.concatenate([images.reshape(len(labels), -1), labels[:, None]], axis=1).astype(np.float32)
+    full = full[np.lexsort(full.T[::-1])]
+    parts = np.concatenate([_rows(digits.train), _rows(digits.val), _rows(digits.test)])
+    assert np.array_equal(parts[np.lexsort(parts.T[::-1])], full)
+
+
+def test_split_indices_are_a_partition():
+    y = np.repeat(np.arange(5), [50, 3, 2, 1, 40])
+    train, val, test = _stratified_split(y, 5, (0.1, 0.2), seed=3)
+    everything = np.concatenate([train, val, test])
+    assert np.array_equal(np.sort(everything), np.arange(len(y)))
+    # a class with >= 3 samples appears in every split; tiny classes keep training first
+    for split in (train, val, test):
+        assert {0, 1, 4} <= set(y[split].tolist())
+    assert 3 in set(y[train].tolist())
+
+
+def test_digits_sizes_and_stratification(digits):
+    assert len(digits.val) == pytest.approx(0.1 * 1797, abs=10)
+    assert len(digits.test) == pytest.approx(0.2 * 1797, abs=10)
+    for split in (digits.train, digits.val, digits.test):
+        assert set(split.y.tolist()) == set(range(10))
+        assert split.y.dtype == torch.int64 and split.x.dtype == torch.float32
+    assert (digits.source, digits.split_seed, digits.num_classes) == ("digits", 0, 10)
+
+
+def test_splits_deterministic_per_seed(digits):
+    again = load_data(DataConfig(source="digits", split_seed=0))
+    for a, b in ((digits.train, again.train), (digits.val, again.val), (digits.test, again.test)):
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    other = load_data(DataConfig(source="digits", split_seed=1))
+    assert not np.array_equal(_rows(other.test), _rows(digits.test))
+
+
+def test_normalisation_uses_training_stats(digits):
+    x = digits.train.x
+    assert x.mean(dim=(0, 2, 3)).abs().max() < 1e-4
+    assert (x.std(dim=(0, 2, 3)) - 1).abs().max() < 1e-3
+    spec = digits.spec
+    assert spec.mean == pytest.approx(tuple(digits.train.raw.astype(np.float64).mean(axis=(0, 1, 2))))
+    assert spec.shape == (1, 8, 8, 1) and spec.dtype == "float32" and spec.value_range == (0.0, 16.0)
+    assert spec.classes == tuple(str(c) for c in range(10))
+    # val/test use the same (training) statistics
+    for split in (digits.val, digits.test):
+        assert np.allclose(spec.normalize(split.raw).transpose(0, 3, 1, 2), split.x.numpy(), atol=1e-5)
+    assert digits.train.augment == "none"  # auto: no crop/flip for 8x8 grey
+
+
+def test_spec_round_trip_and_validation(digits):
+    spec = digits.spec
+    d = spec.to_dict()
+    assert InputSpec.from_dict(d) == spec
+    assert InputSpec.from_dict(yaml.safe_load(yaml.safe_dump(d))) == spec
+    assert all(isinstance(v, (str, list)) for v in d.values())
+    bad = [
+        {**d, "dtype": "int16"},
+        {**d, "std": [1.0, 1.0]},
+        {**d, "std": [0.0]},
+        {**d, "shape": [8, 8, 1]},
+        {**d, "layout": "NCHW"},
+        {**d, "classes": []},
+        {**d, "value_range": [1, 0]},
+        {**d, "extra": 1},
+        {k: v for k, v in d.items() if k != "mean"},
+    ]
+    for b in bad:
+        with pytest.raises(DataError):
+            InputSpec.from_dict(b)
+    with pytest.raises(DataError, match=r"\(N, 8, 8, 1\)"):
+        spec.normalize(np.zeros((2, 8, 8)))
+
+
+def test_dataloader_batches(digits):
+    x, y = next(iter(torch.utils.data.DataLoader(digits.train, batch_size=32, shuffle=True)))
+    assert x.shape == (32, 1, 8, 8) and y.shape == (32,)
+
+
+# --------------------------------------------------------------------------- npz sources
+
+
+def test_npz_source(tmp_path):
+    path = _write_npz(tmp_path / "toy.npz")
+    splits = load_data(DataConfig(source=f"npz:{path}"))
+    spec = splits.spec
+    assert spec.classes == ("a", "b", "c")
+    assert spec.shape == (1, 6, 6, 1) and spec.dtype == "uint8" and spec.value_range == (0.0, 255.0)
+    assert len(splits.test) == 15  # the file's own test split, untouched
+    assert len(splits.train) + len(splits.val) == 60
+    assert set(splits.val.y.tolist()) == {0, 1, 2}
+    assert splits.train.raw.dtype == np.uint8 and splits.train.x.shape[1:] == (1, 6, 6)
+
+
+def test_npz_rgb_32_gets_crop_flip_on_train_only(tmp_path):
+    path = _write_npz(tmp_path / "rgb.npz", n_train=30, n_test=6, hw=(32, 32), channels=3, classes=None)
+    splits = load_data(DataConfig(source=f"npz:{path}"))
+    assert splits.spec.shape == (1, 32, 32, 3) and len(splits.spec.mean) == 3
+    assert splits.spec.classes == ("0", "1", "2")  # no names stored: labels name themselves
+    assert (splits.train.augment, splits.val.augment, splits.test.augment) == ("crop_flip", "none", "none")
+    assert load_data(DataConfig(source=f"npz:{path}", augment="none")).train.augment == "none"
+
+
+def test_test_only_npz_is_ood(tmp_path):
+    in_dist = load_data(DataConfig(source=f"npz:{_write_npz(tmp_path / 'in.npz')}"))
+    ood_path = _write_npz(tmp_path / "ood.npz", n_train=0, n_test=12, seed=5)
+    with pytest.raises(DataError, match="load_ood"):
+        load_data(DataConfig(source=f"npz:{ood_path}"))
+    ood = load_ood(f"npz:{ood_path}", in_dist.spec)
+    assert len(ood) == 12
+    assert ood.x.shape == (12, 1, 6, 6) and ood.raw.shape == (12, *in_dist.spec.shape[1:])
+    expected = in_dist.spec.normalize(ood.raw).transpose(0, 3, 1, 2)  # in-distribution statistics
+    assert np.allclose(ood.x.numpy(), expected, atol=1e-6)
+
+
+def test_ood_shape_mismatch_names_both_shapes(tmp_path):
+    in_dist = load_data(DataConfig(source=f"npz:{_write_npz(tmp_path / 'in.npz')}"))
+    other = _write_npz(tmp_path / "other.npz", n_train=0, n_test=4, hw=(5, 5))
+    with pytest.raises(DataError, match=r"\(5, 5, 1\).*\(6, 6, 1\)"):
+        load_ood(f"npz:{other}", in_dist.spec)
+    with pytest.raises(DataError, match=r"\(8, 8, 1\).*\(6, 6, 1\)"):
+        load_ood("digits", in_dist.spec)
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        ({"y_train": np.full(60, 3, dtype=np.int64)}, r"labels must be in \[0, 3\)"),
+        ({"y_test": -np.ones(15, dtype=np.int64)}, r"labels must be in \[0, 3\)"),
+        ({"y_train": np.zeros(60, dtype=np.float32)}, "integer class indices"),
+        ({"y_train": np.zeros(59, dtype=np.int64)}, "1-D array of 60 labels"),
+        ({"x_test": np.zeros((15, 7, 7), dtype=np.uint8)}, "x_test images are"),
+        ({"x_train": np.zeros((60, 6, 6), dtype=np.int32)}, "uint8 or floating point"),
+        ({"classes": np.array([1, 2, 3])}, "classes must be a 1-D array of strings"),
+    ],
+)
+def test_bad_npz_contents(tmp_path, extra, pattern):
+    path = _write_npz(tmp_path / "bad.npz", **extra)
+    with pytest.raises(DataError, match=pattern):
+        load_data(DataConfig(source=f"npz:{path}"))
+
+
+def test_npz_missing_file_missing_keys_and_pickles(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        load_data(DataConfig(source=f"npz:{tmp_path / 'nope.npz'}"))
+    np.savez(tmp_path / "partial.npz", x_train=np.zeros((4, 2, 2), np.uint8))
+    with pytest.raises(DataError, match="lacks"):
+        load_data(DataConfig(source=f"npz:{tmp_path / 'partial.npz'}"))
+    pickled = _write_npz(tmp_path / "pickled.npz", classes=None, extra=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(DataError, match="cannot read"):
+        load_data(DataConfig(source=f"npz:{pickled}"))
+
+
+# --------------------------------------------------------------------------- datasets and subsets
+
+
+def _toy_dataset(n=8, augment="crop_flip") -> ArrayDataset:
+    raw = np.random.default_rng(0).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    spec = InputSpec(
+        shape=(1, 32, 32, 3), dtype="uint8", value_range=(0, 255), mean=(120, 120, 120), std=(60, 60, 60),
+        classes=("a", "b"),
+    )
+    return ArrayDataset.from_raw(raw, np.arange(n) % 2, spec, augment=augment)
+
+
+def test_crop_flip_preserves_shape_and_changes_images():
+    ds = _toy_dataset()
+    changed = False
+    for seed in range(10):
+        torch.manual_seed(seed)
+        x, y = ds[0]
+        assert x.shape == (3, 32, 32) and int(y) == 0
+        changed |= not torch.equal(x, ds.x[0])
+    assert changed
+    assert torch.equal(_toy_dataset(augment="none")[0][0], ds.x[0])
+    with pytest.raises(DataError, match="augment"):
+        _toy_dataset(augment="mixup")
+
+
+def test_calibration_subset(digits):
+    cal = calibration_subset(digits.train, 100, seed=0)
+    assert len(cal) == 100 and cal.augment == "none"
+    again = calibration_subset(digits.train, 100, seed=0)
+    assert torch.equal(cal.x, again.x) and torch.equal(cal.y, again.y)
+    assert not torch.equal(calibration_subset(digits.train, 100, seed=1).x, cal.x)
+    assert len(calibration_subset(digits.train, 10**6, seed=0)) == len(digits.train)
+    assert calibration_subset(_toy_dataset(), 4, seed=0).augment == "none"  # augmentation off
+    with pytest.raises(DataError):
+        calibration_subset(digits.train, 0, seed=0)
+
+
+def test_subset(digits):
+    part = subset(digits.val, [0, 2, 4])
+    assert torch.equal(part.x, digits.val.x[[0, 2, 4]]) and np.array_equal(part.raw, digits.val.raw[[0, 2, 4]])
+    with pytest.raises(DataError, match=r"\[0, \d+\)"):
+        subset(digits.val, [len(digits.val)])
+    with pytest.raises(DataError):
+        subset(digits.val, [0.5])
+
+
+# --------------------------------------------------------------------------- unknown / missing sources
+
+
+def test_unknown_source_is_config_error(digits):
+    with pytest.raises(ConfigError, match=r"data\.source.*npz:<path>"):
+        load_data(DataConfig(source="imagenet"))
+    with pytest.raises(ConfigError, match="npz:<path>"):
+        load_ood("imagenet", digits.spec)
+    with pytest.raises(ConfigError, match=r"data\.image_size is required"):
+        load_data(DataConfig(source="imagefolder:/somewhere"))
+
+
+def test_torchvision_source_missing_files_says_how_to_download(tmp_path):
+    with pytest.raises(DataError, match="download") as err:
+        load_data(DataConfig(source="mnist", root=str(tmp_path)))
+    assert str(tmp_path) in str(err.value)
+
+
+def test_imagefolder_source(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        for i in range(6):
+            pixels = rng.integers(0, 256, (10 + i, 12, 3), dtype=np.uint8)  # sizes differ on purpose
+            Image.fromarray(pixels).save(tmp_path / name / f"{i}.png")
+    splits = load_data(DataConfig(source=f"imagefolder:{tmp_path}", image_size=8, val_fraction=0.2))
+    assert splits.spec.classes == ("cat", "dog")
+    assert splits.spec.shape == (1, 8, 8, 3) and splits.spec.dtype == "uint8"
+    assert len(splits.train) + len(splits.val) + len(splits.test) == 12
+    for split in (splits.train, splits.val, splits.test):
+        assert set(split.y.tolist()) == {0, 1}
+    ood = load_ood(f"imagefolder:{tmp_path}", splits.spec)  # resized to the spec's size
+    assert ood.x.shape == (12, 3, 8, 8)

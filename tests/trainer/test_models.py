@@ -1,0 +1,164 @@
+"""Nested layers and registered models: truncation == masking, shapes, KL weighting, errors."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from edge_sdk.errors import ConfigError
+from trainer.layers import BayesNestedConv2d, BayesNestedLinear, gaussian_kl, log_uniform_kl
+from trainer.models import create_model, list_models
+from trainer.ordering import DownhillOrdering
+
+# Larger architectures at a reduced width multiplier keep the suite fast; the code paths
+# (nesting, truncation, residuals, depthwise) are the same.
+CASES = {
+    "nested_cnn_small": ({}, (1, 8, 8), 10),
+    "nested_cnn_small@28": ({"input_size": 28}, (1, 28, 28), 5),
+    "nested_vgg": ({"width_mult": 0.25}, (3, 32, 32), 3),
+    "nested_mobilenetv2": ({"width_mult": 0.5}, (3, 32, 32), 3),
+}
+
+
+def test_every_registered_model_is_covered():
+    assert {k.split("@")[0] for k in CASES} == set(list_models())
+
+
+def randomise(model, seed):
+    """Random ordering logits and BN statistics, so truncation is tested off the init point."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for u in model.orderings():
+            u.mubar.copy_(torch.randn(u.mubar.shape, generator=g, dtype=u.mubar.dtype) * 2)
+        for m in model.modules():
+            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+
+
+_models = {}
+
+
+def model_for(case):
+    if case not in _models:
+        kw, _, _ = CASES[case]
+        torch.manual_seed(0)
+        _models[case] = create_model(case.split("@")[0], **kw).double().eval()
+    return _models[case]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("width", [0.25, 0.5, 1.0])
+def test_truncated_equals_masked(case, width):
+    kw, shape, examples = CASES[case]
+    model = model_for(case)
+
+    @settings(max_examples=examples)
+    @given(seed=st.integers(0, 2**16))
+    def check(seed):
+        randomise(model, seed)
+        x = torch.randn((3,) + shape, generator=torch.Generator().manual_seed(seed),
+                        dtype=torch.float64)
+        with torch.no_grad(), model.width(width):
+            masked = model(x)
+        small = model.truncate(width).eval()
+        with torch.no_grad():
+            sliced = small(x)
+        assert torch.isfinite(masked).all()
+        assert (masked - sliced).abs().max() <= 1e-9 * max(1.0, masked.abs().max().item())
+        # and the slice really is smaller (except at full width)
+        n_small = sum(p.numel() for p in small.parameters())
+        n_full = sum(p.numel() for p in model.parameters() if p is not None)
+        assert n_small < n_full if width < 1 else n_small <= n_full
+
+    check()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_backward_shapes_no_nan(case):
+    kw, shape, _ = CASES[case]
+    torch.manual_seed(0)
+    model = create_model(case.split("@")[0], **kw).train()
+    x = torch.randn((4,) + shape)
+    out = model(x)
+    assert out.shape == (4, 10)
+    loss = out.logsumexp(1).mean() + 1e-4 * (model.weight_kl() + model.ordering_kl())
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} received no gradient"
+        assert torch.isfinite(p.grad).all(), name
+    assert all(u.mubar.grad.abs().sum() > 0 for u in model.orderings() if u.mubar.numel())
+
+
+def test_dropped_channels_are_exactly_zero_for_the_next_layer():
+    torch.manual_seed(0)
+    model = create_model("nested_cnn_small").eval()
+    randomise(model, 1)
+    first = model.features[0]
+    with torch.no_grad(), model.width(0.25):
+        y = first(torch.randn(5, 1, 8, 8))
+    k = first.ordering.groups_for_width(0.25) * (first.out_channels // first.ordering.groups)
+    assert y[:, k:].abs().max() == 0
+    assert y[:, :k].abs().max() > 0
+
+
+def test_weight_kl_is_weighted_by_keep_probability():
+    unit = DownhillOrdering(4, 1)
+    layer = BayesNestedLinear(6, 16, ordering=unit)
+    with torch.no_grad():
+        unit.mubar.copy_(torch.tensor([2.0, -1.0, 0.5]))
+    per_out = log_uniform_kl(layer.weight_mu, layer.weight_sigma).sum(1)
+    expect = (per_out.view(4, 4).sum(1) * unit.keep_probability()).sum()
+    assert torch.allclose(layer.weight_kl(), expect)
+    assert layer.weight_kl() < per_out.sum()  # dropping-prone groups cost less
+
+
+def test_log_uniform_kl_minimum_is_zero_near_alpha_two():
+    mu = torch.ones(2001)
+    log_alpha = torch.linspace(-6, 6, 2001)
+    kl = log_uniform_kl(mu, torch.exp(0.5 * log_alpha))
+    assert kl.min().item() == pytest.approx(0.0, abs=1e-4)
+    assert 0.0 < log_alpha[kl.argmin()].item() < 1.5  # not pushed to alpha -> infinity
+    assert kl[0] > kl.min() and kl[-1] > kl.min()
+
+
+def test_gaussian_kl_zero_at_prior():
+    kl = gaussian_kl(0.3)(torch.zeros(4), torch.full((4,), 0.3))
+    assert torch.allclose(kl, torch.zeros(4), atol=1e-7)
+
+
+def test_weight_kl_hook_switches_off():
+    model = create_model("nested_cnn_small")
+    assert model.weight_kl() > 0
+    model.set_weight_kl(None)
+    assert model.weight_kl() == 0
+
+
+def test_weight_modes():
+    torch.manual_seed(0)
+    layer = BayesNestedConv2d(3, 8, ordering=None, batch_norm=False)
+    x = torch.randn(2, 3, 5, 5)
+    layer.mode = "mean"
+    assert torch.equal(layer(x), layer(x))
+    for mode in ("sample", "sample_weights"):
+        layer.mode = mode
+        assert not torch.equal(layer(x), layer(x))
+    layer.mode = "bogus"
+    with pytest.raises(ConfigError, match="mode"):
+        layer(x)
+
+
+def test_errors_name_what_is_wrong():
+    with pytest.raises(ConfigError, match="unknown model 'nope'.*nested_cnn_small"):
+        create_model("nope")
+    with pytest.raises(ConfigError, match="unknown argument"):
+        create_model("nested_cnn_small", colour=True)
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        BayesNestedConv2d(3, 24, ordering=DownhillOrdering(4, 1))  # group size 6
+    with pytest.raises(ConfigError, match="relu"):
+        BayesNestedConv2d(3, 16, ordering=DownhillOrdering(4, 1), activation="relu6")
+    model = create_model("nested_cnn_small", groups=8, frozen=2)
+    with pytest.raises(ConfigError, match="smallest width"):
+        with model.width(0.2):
+            pass
+    assert model.min_width() == 0.25

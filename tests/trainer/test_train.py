@@ -1,0 +1,111 @@
+"""End-to-end training on digits, checkpoints, resume and multi-process training."""
+import os
+import socket
+
+import pytest
+import torch
+
+from edge_sdk.errors import CheckpointError
+from trainer import checkpoint as ckpt_io
+from trainer.config import config_from_dict, load_config
+from trainer.data import load_data
+from trainer.train import CHECKPOINT_NAME, train
+
+
+@pytest.mark.slow
+def test_short_digits_run_is_accurate_and_ordered(digits_run):
+    _, result = digits_run
+    acc = {w: r["accuracy"] for w, r in result.test.items()}
+    assert acc[1.0] >= 0.90, acc
+    widths = sorted(acc)
+    for small, large in zip(widths, widths[1:]):
+        assert acc[large] >= acc[small] - 0.02, f"accuracy drops with width: {acc}"
+    assert all(0 <= r["ece"] <= 1 and r["nll"] > 0 for r in result.test.values())
+
+
+def test_checkpoint_round_trip_gives_identical_outputs(digits_run):
+    cfg, result = digits_run
+    ckpt = ckpt_io.load_checkpoint(result.checkpoint)
+    assert ckpt["arch"] == result.model.arch
+    assert config_from_dict(ckpt["config"]) == cfg
+    assert ckpt["classes"] == [str(i) for i in range(10)]
+    assert tuple(ckpt["input_spec"]["shape"]) == (1, 8, 8, 1)
+    assert set(ckpt["metrics"]["test"]) == {"0.25", "0.5", "0.75", "1"}
+    assert ckpt["train_state"]["epoch"] == cfg.train.epochs - 1  # resumable with more epochs
+    for unit in ckpt["orderings"].values():
+        keep = unit["keep_probability"]
+        assert keep[: unit["frozen"]] == [1.0] * unit["frozen"]
+        assert all(a >= b for a, b in zip(keep, keep[1:]))
+    loaded = ckpt_io.model_from_checkpoint(ckpt)
+    x = load_data(cfg.data).test.x[:32]
+    original = result.model.eval()
+    for w in (0.25, 1.0):
+        with torch.no_grad(), original.width(w), loaded.width(w):
+            assert torch.equal(original(x), loaded(x))
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ckpt_io.load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"format": "something-else"}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not an edge-sdk checkpoint"):
+        ckpt_io.load_checkpoint(tmp_path / "other.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"not a zip file")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        ckpt_io.load_checkpoint(tmp_path / "garbage.pt")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"format": ckpt_io.FORMAT, "payload": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="cannot read"):  # weights_only refuses code
+        ckpt_io.load_checkpoint(tmp_path / "evil.pt")
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    cfg = load_config("digits", ["train.epochs=2", "data.calib_samples=64",
+                                 "train.eval_widths=[1.0]"])
+    quiet = lambda *a: None  # noqa: E731
+    full = train(cfg, tmp_path / "full", progress=False, log=quiet)
+
+    def interrupt_in_epoch_2(msg):
+        if msg.startswith("epoch 2"):
+            raise KeyboardInterrupt  # after epoch 1's checkpoint was written
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "cut", progress=False, log=interrupt_in_epoch_2)
+    half = ckpt_io.load_checkpoint(tmp_path / "cut" / CHECKPOINT_NAME)
+    assert half["train_state"]["epoch"] == 0
+    resumed = train(cfg, tmp_path / "cut", resume=True, progress=False, log=quiet)
+    for (k, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), f"{k} differs after resume"
+    other = load_config("digits", ["train.epochs=2", "model.groups=4"])
+    with pytest.raises(CheckpointError, match="cannot resume"):
+        train(other, tmp_path / "cut", resume=True, progress=False, log=quiet)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.distributed
+def test_two_process_gloo_run_keeps_ranks_identical(tmp_path):
+    import torch.multiprocessing as mp
+
+    from ddp_worker import run_worker
+
+    port = _free_port()
+    mp.spawn(run_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    a = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    b = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    start = torch.load(tmp_path / "init.pt", weights_only=True)
+    moved = False
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs between ranks"
+        moved |= not torch.equal(a[k], start[k])
+    assert moved, "parameters did not change: no training happened"
+    assert (tmp_path / "out" / CHECKPOINT_NAME).is_file()

@@ -1,0 +1,93 @@
+"""One ``.pt`` file per trained (or quantized) network, loadable without executing code.
+
+Everything inside is a dict of plain Python values and tensors, so
+``torch.load(path, weights_only=True)`` reads it. Writes are atomic (temp file + rename): an
+interrupted save never leaves a truncated checkpoint behind.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edge_sdk.errors import CheckpointError
+from trainer.models import NestedModel, create_model
+
+FORMAT = "edge-sdk-checkpoint"
+VERSION = 1
+
+
+def build_checkpoint(model: NestedModel, *, input_spec: dict, config: dict, split_seed: int,
+                     metrics: dict | None = None, posterior: dict | None = None,
+                     train_state: dict | None = None) -> dict[str, Any]:
+    """Assemble the checkpoint dict. ``posterior`` describes the weight posterior's form
+    (``{"kind": "gaussian"}`` after training; quantizers record their codebooks there)."""
+    units = {id(u) for u in model.orderings()}
+    orderings = {}
+    for name, module in model.named_modules():
+        if id(module) in units:
+            orderings[name] = {"groups": module.groups, "frozen": module.frozen,
+                               "keep_probability": module.keep_probability().detach().tolist()}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "arch": {"name": model.arch["name"], "kwargs": dict(model.arch["kwargs"])},
+        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "orderings": orderings,
+        "input_spec": input_spec,
+        "classes": list(input_spec.get("classes", [])),
+        "split_seed": int(split_seed),
+        "config": config,
+        "metrics": metrics or {},
+        "posterior": posterior or {"kind": "gaussian"},
+        "train_state": train_state,
+    }
+
+
+def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint with ``weights_only=True`` and check its format and version."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist (expected a .pt file written by "
+                              "`edge-sdk train`)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling errors come in many types; name the file either way
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an edge-sdk checkpoint (expected format {FORMAT!r})")
+    if ckpt.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this "
+                              f"edge-sdk reads version {VERSION}")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict[str, Any]) -> NestedModel:
+    """Rebuild the architecture from its registry spec and load the weights (strictly)."""
+    arch = ckpt["arch"]
+    model = create_model(arch["name"], **arch["kwargs"])
+    try:
+        model.load_state_dict(ckpt["state_dict"], strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint weights do not match architecture {arch['name']}: {e}") from e
+    model.eval()
+    return model

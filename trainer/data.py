@@ -1,0 +1,581 @@
+"""Data sources by name -> in-memory, normalised, stratified train/val/test splits.
+
+Sources (``data.source``):
+
+``digits``               scikit-learn's bundled 8x8 digits (offline), raw float32 in [0, 16]
+``npz:<path>``           arrays x_train, y_train, x_test, y_test (+ optional ``classes``), uint8 or
+                         float images N x H x W (grey) or N x H x W x C; read without pickle
+``mnist`` | ``fashion_mnist`` | ``cifar10`` | ``svhn``
+                         torchvision datasets under ``data.root`` (downloaded only if ``data.download``)
+``imagefolder:<path>``   torchvision ImageFolder, resized to ``data.image_size``, kept as uint8 RGB
+
+Everything is small enough to hold in memory, so each dataset is converted once to numpy
+("raw", NHWC, the format the device feeds) and to a normalised float32 NCHW tensor (what
+the model trains on). Normalisation statistics come from the training split only.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edge_sdk.errors import ConfigError, DataError
+
+from .config import BUILTIN_SOURCES, PATH_SOURCES, DataConfig, validate
+
+__all__ = [
+    "ArrayDataset",
+    "DataSplits",
+    "InputSpec",
+    "calibration_subset",
+    "load_data",
+    "load_ood",
+    "subset",
+]
+
+AUGMENTS = ("none", "crop_flip")
+_CROP_PAD = 4  # pixels of padding before the random crop (the CIFAR recipe)
+_CHUNK = 1024  # samples per chunk when normalising: bounds temporaries on CIFAR-sized arrays
+_SPEC_KEYS = ("shape", "layout", "dtype", "value_range", "mean", "std", "classes")
+
+
+# --------------------------------------------------------------------------- input spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSpec:
+    """What the device feeds the model, and how to turn it into model input.
+
+    model input = (raw - mean) / std, per channel, in raw units.
+    """
+
+    shape: tuple[int, ...]  # (1, H, W, C): one NHWC sample as the device feeds it
+    layout: str = "NHWC"  # the TFLite convention
+    dtype: str  # "uint8" | "float32": raw input dtype on the device
+    value_range: tuple[float, float]  # raw pixel range, e.g. (0, 16) digits, (0, 255) images
+    mean: tuple[float, ...]  # per channel, raw units, from the TRAINING split
+    std: tuple[float, ...]
+    classes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # Coerce lists (from YAML / checkpoints) to tuples so specs compare and hash equal.
+        if isinstance(self.classes, str):  # tuple("abc") would silently make three classes
+            raise DataError(f"input spec classes must be a list of strings, got the string {self.classes!r}")
+        try:
+            shape = tuple(int(s) for s in self.shape)
+            value_range = tuple(float(v) for v in self.value_range)
+            mean = tuple(float(v) for v in self.mean)
+            std = tuple(float(v) for v in self.std)
+            classes = tuple(self.classes)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"input spec has a non-numeric or non-sequence field: {exc}") from exc
+        if self.layout != "NHWC":
+            raise DataError(f"input spec layout must be 'NHWC', got {self.layout!r}")
+        if len(shape) != 4 or shape[0] != 1 or min(shape) < 1:
+            raise DataError(f"input spec shape must be (1, H, W, C) with positive sizes, got {shape}")
+        if self.dtype not in ("uint8", "float32"):
+            raise DataError(f"input spec dtype must be 'uint8' or 'float32', got {self.dtype!r}")
+        if len(value_range) != 2 or not value_range[0] < value_range[1]:
+            raise DataError(f"input spec value_range must be (low, high) with low < high, got {value_range}")
+        channels = shape[3]
+        for name, stats in (("mean", mean), ("std", std)):
+            if len(stats) != channels or not all(math.isfinite(v) for v in stats):
+                raise DataError(
+                    f"input spec {name} must have {channels} finite value(s) (one per channel), got {stats}"
+                )
+        if min(std) <= 0:
+            raise DataError(f"input spec std must be > 0 per channel, got {std}")
+        if not classes or not all(isinstance(c, str) for c in classes):
+            raise DataError(f"input spec classes must be a non-empty list of strings, got {classes}")
+        for name, value in (("shape", shape), ("value_range", value_range), ("mean", mean), ("std", std),
+                            ("classes", classes)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def channels(self) -> int:
+        return self.shape[3]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types (lists, not tuples): safe for yaml.safe_dump and weights_only loading."""
+        return {
+            "shape": list(self.shape),
+            "layout": self.layout,
+            "dtype": self.dtype,
+            "value_range": list(self.value_range),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "classes": list(self.classes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
+        if not isinstance(d, Mapping):
+            raise DataError(f"input spec must be a mapping, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(_SPEC_KEYS))
+        missing = sorted(set(_SPEC_KEYS) - set(d) - {"layout"})
+        if unknown or missing:
+            raise DataError(
+                f"input spec keys must be {', '.join(_SPEC_KEYS)}; unknown: {unknown}, missing: {missing}"
+            )
+        return cls(**d)
+
+    def normalize(self, raw: np.ndarray) -> np.ndarray:
+        """Raw NHWC device input -> float32 NHWC model input (numpy only)."""
+        raw = np.asarray(raw)
+        if raw.ndim != 4 or raw.shape[1:] != self.shape[1:]:
+            raise DataError(f"expected raw input of shape (N, {', '.join(map(str, self.shape[1:]))}), got {raw.shape}")
+        mean = np.asarray(self.mean, dtype=np.float32)
+        std = np.asarray(self.std, dtype=np.float32)
+        return ((raw.astype(np.float32) - mean) / std).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+def _crop_flip(x: torch.Tensor) -> torch.Tensor:
+    """Random crop (after zero padding) + horizontal flip of one normalised CHW image.
+
+    Zero in normalised space is the mean colour, so the padding adds no artificial
+    black border statistics. Uses torch's RNG so DataLoader worker seeding applies.
+    """
+    _, h, w = x.shape
+    padded = F.pad(x, (_CROP_PAD, _CROP_PAD, _CROP_PAD, _CROP_PAD))
+    top, left = (int(v) for v in torch.randint(0, 2 * _CROP_PAD + 1, (2,)))
+    out = padded[:, top : top + h, left : left + w]
+    if bool(torch.rand(()) < 0.5):
+        out = out.flip(-1)
+    return out.contiguous()
+
+
+class ArrayDataset(torch.utils.data.Dataset):
+    """In-memory dataset: normalised float32 x [N, C, H, W], int64 y [N], raw NHWC numpy.
+
+    ``raw`` (unnormalised, the device's dtype) is kept for the exporter's calibration and
+    device-format evaluation; it is a fraction of the size of ``x``.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, raw: np.ndarray, augment: str = "none") -> None:
+        if augment not in AUGMENTS:
+            raise DataError(f"augment must be one of {', '.join(AUGMENTS)}, got {augment!r}")
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.ndim != 4:
+            raise DataError(f"x must be a float32 tensor [N, C, H, W], got {getattr(x, 'dtype', type(x))} "
+                            f"{tuple(getattr(x, 'shape', ()))}")
+        if not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.shape != (x.shape[0],):
+            raise DataError(f"y must be an int64 tensor [{x.shape[0]}], got {getattr(y, 'dtype', type(y))} "
+                            f"{tuple(getattr(y, 'shape', ()))}")
+        n, c, h, w = x.shape
+        if not isinstance(raw, np.ndarray) or raw.shape != (n, h, w, c):
+            raise DataError(f"raw must be a numpy array of shape {(n, h, w, c)} (NHWC), got "
+                            f"{getattr(raw, 'shape', type(raw))}")
+        self.x = x
+        self.y = y
+        self.raw = raw
+        self.augment = augment
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, y: np.ndarray, spec: InputSpec, augment: str = "none") -> ArrayDataset:
+        return cls(_normalize_to_nchw(raw, spec), torch.as_tensor(np.asarray(y, dtype=np.int64)), raw, augment)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[index]
+        if self.augment == "crop_flip":
+            x = _crop_flip(x)
+        return x, self.y[index]
+
+
+@dataclass
+class DataSplits:
+    train: ArrayDataset
+    val: ArrayDataset
+    test: ArrayDataset
+    spec: InputSpec
+    source: str
+    split_seed: int
+
+    @property
+    def num_classes(self) -> int:
+        return self.spec.num_classes
+
+
+def subset(ds: ArrayDataset, indices: Sequence[int] | np.ndarray, augment: str | None = None) -> ArrayDataset:
+    """Rows ``indices`` of ds (a copy); keeps ds's augmentation unless ``augment`` is given."""
+    idx = np.asarray(indices)
+    if idx.dtype == bool or idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise DataError(f"indices must be a 1-D sequence of integers, got dtype {idx.dtype}, shape {idx.shape}")
+    idx = idx.astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= len(ds)):
+        raise DataError(f"indices must be in [0, {len(ds)}), got range [{idx.min()}, {idx.max()}]")
+    t = torch.from_numpy(idx)
+    return ArrayDataset(ds.x[t], ds.y[t], ds.raw[idx], ds.augment if augment is None else augment)
+
+
+def calibration_subset(ds: ArrayDataset, n: int, seed: int) -> ArrayDataset:
+    """First n samples of a seeded permutation, augmentation off (BN statistics re-collection)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise DataError(f"calibration subset size must be an int >= 1, got {n!r}")
+    perm = np.random.default_rng(seed).permutation(len(ds))
+    return subset(ds, np.sort(perm[:n]), augment="none")
+
+
+# --------------------------------------------------------------------------- raw sources
+
+
+@dataclass
+class _Raw:
+    """One source in device format: NHWC images, int64 labels; x_test None = no test split."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+    classes: tuple[str, ...]
+    value_range: tuple[float, float]
+
+
+def _accepted_sources() -> str:
+    return ", ".join(list(BUILTIN_SOURCES) + [f"{p}<path>" for p in PATH_SOURCES])
+
+
+def _nhwc(x: np.ndarray, what: str) -> np.ndarray:
+    if x.ndim == 3:  # N x H x W grey
+        x = x[..., None]
+    if x.ndim != 4:
+        raise DataError(f"{what} must be N x H x W or N x H x W x C images, got shape {x.shape}")
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype.kind == "f":
+        return x.astype(np.float32, copy=False)
+    raise DataError(f"{what} must be uint8 or floating point, got dtype {x.dtype}")
+
+
+def _labels(y: Any, n: int, what: str) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim != 1 or y.shape[0] != n:
+        raise DataError(f"{what} must be a 1-D array of {n} labels, got shape {y.shape}")
+    if y.size and y.dtype.kind not in "iu":
+        raise DataError(f"{what} must be integer class indices, got dtype {y.dtype}")
+    return y.astype(np.int64)
+
+
+def _value_range(*arrays: np.ndarray | None) -> tuple[float, float]:
+    present = [a for a in arrays if a is not None and a.size]
+    if not present or present[0].dtype == np.uint8:
+        return (0.0, 255.0)
+    lo = min(float(a.min()) for a in present)
+    hi = max(float(a.max()) for a in present)
+    return (lo, hi if hi > lo else lo + 1.0)
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images N x 8 x 8 float, labels) of scikit-learn's bundled digits.
+
+    Reads the CSV that ``load_digits`` reads, without importing scikit-learn (which costs
+    several seconds of scipy imports on every ``edge-sdk train --config digits``); falls
+    back to ``load_digits`` if the file is not where it has been for a decade.
+    """
+    spec = importlib.util.find_spec("sklearn")  # locates the package without executing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            data = np.loadtxt(path, delimiter=",")
+            if data.ndim == 2 and data.shape[1] == 65:
+                return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise DataError("the digits source needs scikit-learn: pip install 'edge-sdk[train]'") from exc
+    d = load_digits()
+    return d.images, d.target.astype(np.int64)
+
+
+def _read_digits() -> _Raw:
+    images, labels = _digits_arrays()
+    x = images.astype(np.float32)[..., None]  # 8 x 8 grey, values 0..16
+    return _Raw(x, labels, None, None, tuple(str(c) for c in range(10)), (0.0, 16.0))
+
+
+def _read_npz(path: str) -> _Raw:
+    path = os.path.expanduser(path)  # relative paths are relative to the working directory
+    if not os.path.isfile(path):
+        raise DataError(f"npz data file '{path}' not found (cwd: {os.getcwd()})")
+    try:
+        with np.load(path, allow_pickle=False) as f:  # no pickle: data must not run code
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read npz data file '{path}': {exc}") from exc
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
+    if missing:
+        raise DataError(f"npz data file '{path}' lacks {missing}; expected keys x_train, y_train, x_test, "
+                        f"y_test and optionally classes; found {sorted(arrays)}")
+    x_train = _nhwc(arrays["x_train"], f"{path}: x_train")
+    x_test = _nhwc(arrays["x_test"], f"{path}: x_test")
+    if x_train.shape[0] and x_train.shape[1:] != x_test.shape[1:]:
+        raise DataError(f"{path}: x_train images are {x_train.shape[1:]} but x_test images are {x_test.shape[1:]}")
+    y_train = _labels(arrays["y_train"], x_train.shape[0], f"{path}: y_train")
+    y_test = _labels(arrays["y_test"], x_test.shape[0], f"{path}: y_test")
+    if "classes" in arrays:
+        names = arrays["classes"]
+        if names.ndim != 1 or names.dtype.kind != "U":
+            raise DataError(f"{path}: classes must be a 1-D array of strings, got {names.dtype} {names.shape}")
+        classes = tuple(str(c) for c in names)
+    else:  # no names stored: the labels are their own names
+        top = max([int(y.max()) for y in (y_train, y_test) if y.size] + [0])
+        classes = tuple(str(c) for c in range(top + 1))
+    return _Raw(x_train, y_train, x_test, y_test, classes, _value_range(x_train, x_test))
+
+
+def _read_torchvision(name: str, root: str, download: bool) -> _Raw:
+    from torchvision import datasets  # lazy: importing torchvision costs ~1 s
+
+    root = os.path.expanduser(root)
+
+    def get(train: bool) -> Any:
+        try:
+            if name == "svhn":
+                return datasets.SVHN(root, split="train" if train else "test", download=download)
+            cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}
+            return cls[name](root, train=train, download=download)
+        except (RuntimeError, OSError) as exc:  # torchvision: RuntimeError("Dataset not found ...")
+            if download:
+                raise DataError(f"could not download or read {name} into '{root}': {exc}") from exc
+            raise DataError(
+                f"{name} not found under '{root}' and data.download is false; set data.download: true "
+                f"(or pass the override data.download=true) to fetch it, point data.root at an existing "
+                f"copy, or use an npz:<path> source"
+            ) from exc
+
+    out = []
+    for train in (True, False):
+        ds = get(train)
+        if name == "svhn":
+            x = np.ascontiguousarray(np.asarray(ds.data).transpose(0, 2, 3, 1))  # stored N x C x H x W
+            y = np.asarray(ds.labels)
+        else:
+            x = np.asarray(ds.data)  # MNIST-likes: uint8 tensor N x H x W; CIFAR: numpy N x H x W x C
+            y = np.asarray(ds.targets)
+        out.append((_nhwc(x, name), _labels(y, x.shape[0], f"{name} labels")))
+        if train:
+            # torchvision's MNIST names ("0 - zero") are noise on a device; SVHN has none
+            classes = tuple(str(c) for c in range(10)) if name in ("mnist", "svhn") else tuple(ds.classes)
+    (x_train, y_train), (x_test, y_test) = out
+    return _Raw(x_train, y_train, x_test, y_test, classes, (0.0, 255.0))
+
+
+def _read_imagefolder(path: str, image_size: int) -> _Raw:
+    from PIL import Image
+    from torchvision import datasets
+
+    path = os.path.expanduser(path)
+
+    def load(img: Image.Image) -> np.ndarray:
+        return np.asarray(img.resize((image_size, image_size), Image.BILINEAR), dtype=np.uint8)
+
+    try:
+        ds = datasets.ImageFolder(path, transform=load)  # default loader converts to RGB
+    except (OSError, RuntimeError) as exc:  # FileNotFoundError: no directory / no class folders
+        raise DataError(f"cannot read image folder '{path}' (expected <path>/<class>/<image>): {exc}") from exc
+    try:
+        x = np.stack([ds[i][0] for i in range(len(ds))])  # one pass per image: unavoidable for files
+    except OSError as exc:
+        raise DataError(f"cannot read an image under '{path}': {exc}") from exc
+    y = np.asarray(ds.targets, dtype=np.int64)
+    return _Raw(x, y, None, None, tuple(ds.classes), (0.0, 255.0))
+
+
+def _read_source(source: str, root: str, download: bool, image_size: int | None) -> _Raw:
+    if source == "digits":
+        return _read_digits()
+    if source in BUILTIN_SOURCES:
+        return _read_torchvision(source, root, download)
+    if source.startswith("npz:") and len(source) > 4:
+        return _read_npz(source[4:])
+    if source.startswith("imagefolder:") and len(source) > 12:
+        if image_size is None:
+            raise ConfigError("data.image_size is required for an imagefolder:<path> source")
+        return _read_imagefolder(source[12:], image_size)
+    raise ConfigError(f"unknown data source {source!r}; accepted: {_accepted_sources()}")
+
+
+# --------------------------------------------------------------------------- splits and statistics
+
+
+def _class_sizes(n: int, fractions: Sequence[float]) -> list[int]:
+    """Held-out sample counts of one class with n samples, one per fraction."""
+    sizes = [int(math.floor(n * f + 0.5)) for f in fractions]
+    if n > len(fractions):  # enough samples: every split sees every class
+        sizes = [max(s, 1) for s in sizes]
+    for k in reversed(range(len(sizes))):  # training keeps at least one sample of the class
+        while sizes[k] > 0 and sum(sizes) > n - 1:
+            sizes[k] -= 1
+    return sizes
+
+
+def _stratified_split(y: np.ndarray, num_classes: int, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Sorted index arrays [train, held_out_1, ...]: per class, round(n_c * fraction) to each held-out split.
+
+    Deterministic in seed; loops over classes, not samples.
+    """
+    perm = np.random.default_rng(seed).permutation(len(y))
+    grouped = perm[np.argsort(y[perm], kind="stable")]  # class-major, shuffled within each class
+    counts = np.bincount(y, minlength=num_classes)
+    ends = np.cumsum(counts)
+    parts: list[list[np.ndarray]] = [[] for _ in range(len(fractions) + 1)]
+    for c in np.flatnonzero(counts):
+        members = grouped[ends[c] - counts[c] : ends[c]]
+        start = 0
+        for k, size in enumerate(_class_sizes(int(counts[c]), fractions)):
+            parts[k + 1].append(members[start : start + size])
+            start += size
+        parts[0].append(members[start:])
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+
+
+def _channel_stats(raw: np.ndarray, value_range: tuple[float, float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of NHWC raw data, in chunks (no full float64 copy)."""
+    c = raw.shape[-1]
+    total = np.zeros(c)
+    total_sq = np.zeros(c)
+    count = 0
+    for start in range(0, raw.shape[0], _CHUNK):
+        chunk = raw[start : start + _CHUNK].reshape(-1, c).astype(np.float64)
+        total += chunk.sum(axis=0)
+        total_sq += np.square(chunk).sum(axis=0)
+        count += chunk.shape[0]
+    mean = total / count
+    std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 0.0))
+    # A constant channel has nothing to scale; 1.0 keeps it at zero instead of dividing by ~0.
+    tiny = 1e-6 * (value_range[1] - value_range[0])
+    std = np.where(std > tiny, std, 1.0)
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def _normalize_to_nchw(raw: np.ndarray, spec: InputSpec) -> torch.Tensor:
+    """(raw - mean) / std as a float32 NCHW tensor, filled chunk by chunk."""
+    if raw.ndim != 4 or raw.shape[1:] != spec.shape[1:]:
+        raise DataError(f"raw images must be N x {' x '.join(map(str, spec.shape[1:]))} (NHWC), got {raw.shape}")
+    n, h, w, c = raw.shape
+    out = np.empty((n, c, h, w), dtype=np.float32)
+    mean = np.asarray(spec.mean, dtype=np.float32)
+    std = np.asarray(spec.std, dtype=np.float32)
+    for start in range(0, n, _CHUNK):
+        chunk = (raw[start : start + _CHUNK].astype(np.float32) - mean) / std
+        out[start : start + _CHUNK] = chunk.transpose(0, 3, 1, 2)
+    return torch.from_numpy(out)
+
+
+def _check_labels(y: np.ndarray, num_classes: int, what: str) -> None:
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise DataError(
+            f"{what}: labels must be in [0, {num_classes}) for {num_classes} classes, "
+            f"got values in [{int(y.min())}, {int(y.max())}]"
+        )
+
+
+def _resolve_augment(augment: str, spec: InputSpec) -> str:
+    if augment == "auto":  # crop+flip is the standard recipe for 32x32 RGB; it would wreck 8x8 digits
+        return "crop_flip" if spec.shape[1:] == (32, 32, 3) else "none"
+    return augment
+
+
+# --------------------------------------------------------------------------- public loaders
+
+
+def load_data(cfg: DataConfig) -> DataSplits:
+    """Train/val/test splits of cfg.source, stratified and deterministic in cfg.split_seed.
+
+    Sources with a test split keep it untouched and carve val from train; the others
+    (digits, imagefolder, an npz with an empty test set) are split three ways.
+    """
+    if not isinstance(cfg, DataConfig):
+        raise TypeError(f"load_data expects a DataConfig, got {type(cfg).__name__}")
+    cfg = validate(cfg, "data")  # unknown source / missing image_size -> ConfigError naming the key
+    raw = _read_source(cfg.source, cfg.root, cfg.download, cfg.image_size)
+    if raw.x_train.shape[0] == 0:
+        raise DataError(
+            f"data source {cfg.source!r} has no training data (x_train is empty): it is a test-only set, "
+            f"e.g. for out-of-distribution evaluation; load it with trainer.data.load_ood(source, spec)"
+        )
+    num_classes = len(raw.classes)
+    _check_labels(raw.y_train, num_classes, f"{cfg.source} training labels")
+    if raw.x_test is not None and raw.y_test is not None and raw.x_test.shape[0]:
+        _check_labels(raw.y_test, num_classes, f"{cfg.source} test labels")
+        train_idx, val_idx = _stratified_split(raw.y_train, num_classes, (cfg.val_fraction,), cfg.split_seed)
+        x_test, y_test = raw.x_test, raw.y_test
+    else:
+        train_idx, val_idx, test_idx = _stratified_split(
+            raw.y_train, num_classes, (cfg.val_fraction, cfg.test_fraction), cfg.split_seed
+        )
+        x_test, y_test = raw.x_train[test_idx], raw.y_train[test_idx]
+    x_train, y_train = raw.x_train[train_idx], raw.y_train[train_idx]
+    x_val, y_val = raw.x_train[val_idx], raw.y_train[val_idx]
+    if not (len(x_val) and len(x_test)):
+        raise DataError(
+            f"data source {cfg.source!r} has too few samples ({raw.x_train.shape[0]}) for non-empty "
+            f"train/val/test splits with val_fraction={cfg.val_fraction}, test_fraction={cfg.test_fraction}"
+        )
+    mean, std = _channel_stats(x_train, raw.value_range)  # training split only: val/test stay unseen
+    spec = InputSpec(
+        shape=(1, *x_train.shape[1:]),
+        dtype="uint8" if x_train.dtype == np.uint8 else "float32",
+        value_range=raw.value_range,
+        mean=mean,
+        std=std,
+        classes=raw.classes,
+    )
+    return DataSplits(
+        train=ArrayDataset.from_raw(x_train, y_train, spec, _resolve_augment(cfg.augment, spec)),
+        val=ArrayDataset.from_raw(x_val, y_val, spec),
+        test=ArrayDataset.from_raw(x_test, y_test, spec),
+        spec=spec,
+        source=cfg.source,
+        split_seed=cfg.split_seed,
+    )
+
+
+def load_ood(
+    source: str,
+    spec: InputSpec,
+    *,
+    root: str = DataConfig.root,
+    download: bool = False,
+) -> ArrayDataset:
+    """A source's test split (its whole data when it has none), normalised with the IN-distribution spec.
+
+    Labels are kept as stored (they belong to the OOD label set, not to spec.classes).
+    """
+    if not isinstance(spec, InputSpec):
+        raise TypeError(f"load_ood expects an InputSpec, got {type(spec).__name__}")
+    if not isinstance(source, str):
+        raise ConfigError(f"data source must be a string, got {type(source).__name__}")
+    image_size = spec.shape[1] if source.startswith("imagefolder:") else None  # match the model's input
+    raw = _read_source(source, root, download, image_size)
+    if raw.x_test is not None and raw.y_test is not None and raw.x_test.shape[0]:
+        x, y = raw.x_test, raw.y_test
+    else:
+        x, y = raw.x_train, raw.y_train
+    if x.shape[0] == 0:
+        raise DataError(f"OOD source {source!r} has no samples")
+    if x.shape[1:] != spec.shape[1:]:
+        raise DataError(
+            f"OOD source {source!r} has images of shape (H, W, C) = {tuple(x.shape[1:])}, but the model's "
+            f"input spec expects {tuple(spec.shape[1:])}"
+        )
+    if str(x.dtype) != spec.dtype:
+        if x.dtype == np.uint8:  # uint8 -> float32 is lossless
+            x = x.astype(np.float32)
+        else:
+            raise DataError(f"OOD source {source!r} has {x.dtype} pixels, but the model's input is {spec.dtype}")
+    return ArrayDataset.from_raw(x, y, spec)

@@ -1,0 +1,42 @@
+"""A registry of nested architectures (timm style): ``create_model(name, **kwargs)``."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from edge_sdk.errors import ConfigError
+from trainer.models.base import NestedModel, round_channels
+
+_REGISTRY: dict[str, Callable[..., NestedModel]] = {}
+
+
+def register_model(fn: Callable[..., NestedModel]) -> Callable[..., NestedModel]:
+    if fn.__name__ in _REGISTRY:
+        raise ConfigError(f"model {fn.__name__!r} is already registered")
+    _REGISTRY[fn.__name__] = fn
+    return fn
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_model(name: str, **kwargs) -> NestedModel:
+    """Build a registered model; the name and arguments are recorded in ``model.arch``."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown model {name!r}; registered models: {', '.join(list_models())}")
+    fn = _REGISTRY[name]
+    allowed = inspect.signature(fn).parameters
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ConfigError(f"model {name!r} got unknown argument(s) {unknown}; "
+                          f"allowed: {', '.join(allowed)}")
+    model = fn(**kwargs)
+    model.arch = {"name": name, "kwargs": dict(kwargs)}
+    return model
+
+
+# Importing the variant modules registers them.
+from trainer.models import cnn, mobilenetv2, vgg  # noqa: E402,F401
+
+__all__ = ["NestedModel", "create_model", "list_models", "register_model", "round_channels"]

@@ -1,0 +1,137 @@
+"""What every nested architecture shares: its layers, ordering units, width context, KL terms and
+truncation to a fixed width."""
+from __future__ import annotations
+
+import copy
+from contextlib import ExitStack, contextmanager
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from edge_sdk.errors import ConfigError
+from trainer.layers import BayesNestedLayer, WeightKL
+from trainer.ordering import DownhillOrdering
+
+
+def round_channels(channels: float, groups: int) -> int:
+    """Round up to a multiple of 4 * groups, so every group's channel count is a multiple of 4."""
+    step = 4 * groups
+    return max(step, int(-(-channels // step)) * step)
+
+
+class NestedModel(nn.Module):
+    """Base of registered models. Subclasses build their layers and implement ``forward``.
+
+    ``arch`` (registry name + keyword arguments) is set by :func:`trainer.models.create_model`
+    and is what a checkpoint stores to rebuild the model without pickled code.
+    """
+
+    arch: dict
+
+    def bayes_layers(self) -> list[BayesNestedLayer]:
+        return [m for m in self.modules() if isinstance(m, BayesNestedLayer)]
+
+    def nested_layers(self) -> list[BayesNestedLayer]:
+        """Layers whose output channels are ordered (and masked or truncated with a width)."""
+        return [m for m in self.bayes_layers() if m.ordering is not None]
+
+    def orderings(self) -> list[DownhillOrdering]:
+        """The distinct ordering units (a unit may be shared by two layers)."""
+        seen: dict[int, DownhillOrdering] = {}
+        for m in self.modules():
+            if isinstance(m, DownhillOrdering):
+                seen.setdefault(id(m), m)
+        return list(seen.values())
+
+    def min_width(self) -> float:
+        units = self.orderings()
+        return max((u.frozen / u.groups for u in units), default=1.0)
+
+    # ---- state switches -------------------------------------------------------------------
+    @contextmanager
+    def width(self, width: float | None) -> Iterator["NestedModel"]:
+        """Run at a fixed width: the first groups of every nested layer, rescaled by their keep
+        probability (BN³ App. 8.2). ``None`` restores sampling in training / full width in eval."""
+        if width is not None:
+            self.check_width(width)
+        with ExitStack() as stack:
+            for unit in self.orderings():
+                stack.enter_context(unit.fixed(width))
+            yield self
+
+    def check_width(self, width: float) -> None:
+        for unit in self.orderings():
+            unit.groups_for_width(width)  # raises ConfigError naming the smallest width
+
+    @contextmanager
+    def weight_mode(self, mode: str | None) -> Iterator["NestedModel"]:
+        """``mean`` | ``sample`` | ``sample_weights`` | ``None`` (auto) for every Bayesian layer."""
+        layers = self.bayes_layers()
+        previous = [m.mode for m in layers]
+        for m in layers:
+            m.mode = mode
+        try:
+            yield self
+        finally:
+            for m, p in zip(layers, previous):
+                m.mode = p
+
+    def set_tau(self, tau: float, hard: bool | None = None) -> None:
+        for unit in self.orderings():
+            unit.tau = tau
+            if hard is not None:
+                unit.hard = hard
+
+    def set_weight_kl(self, fn: WeightKL | None) -> None:
+        """Replace every layer's weight KL (the PWFN hook: None switches it off)."""
+        for m in self.bayes_layers():
+            m.weight_kl_fn = fn
+
+    # ---- regularisers --------------------------------------------------------------------
+    def ordering_kl(self) -> torch.Tensor:
+        return sum((u.kl() for u in self.orderings()), torch.zeros(()))
+
+    def ordered_l0(self) -> torch.Tensor:
+        """sum_j j beta_j per unit (eq. 16), the deterministic special case of ordering_kl."""
+        return sum((u.expected_tail() for u in self.orderings()), torch.zeros(()))
+
+    def weight_kl(self) -> torch.Tensor:
+        return sum((m.weight_kl() for m in self.bayes_layers()), torch.zeros(()))
+
+    # ---- truncation ----------------------------------------------------------------------
+    def truncate(self, width: float) -> "NestedModel":
+        """A copy with every nested layer cut to ``width`` (its next layer's inputs follow).
+
+        The copy has no ordering units; each formerly masked layer multiplies its kept channels
+        by their keep probabilities, so in eval it computes exactly what the masked full model
+        computes under ``with model.width(width)``.
+        """
+        self.check_width(width)
+        new = copy.deepcopy(self)
+        kept = {id(u): u.groups_for_width(width) for u in new.orderings()}
+        keep_prob = {id(u): u.keep_probability().detach() for u in new.orderings()}
+        plan = []
+        for layer in new.bayes_layers():
+            out_keep = scale = in_keep = None
+            unit = layer.ordering
+            if unit is not None:
+                size = layer.out_channels // unit.groups
+                out_keep = kept[id(unit)] * size
+                if layer.apply_mask:
+                    scale = keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size)
+            src = layer.input_ordering
+            if src is not None and not getattr(layer, "depthwise", False):
+                in_channels = _input_channels(layer)
+                in_keep = kept[id(src)] * (in_channels // src.groups)
+            plan.append((layer, out_keep, in_keep, scale))
+        for layer, out_keep, in_keep, scale in plan:
+            layer.truncate_(out_keep, in_keep, scale)
+        new.truncated_width = width
+        return new
+
+
+def _input_channels(layer: BayesNestedLayer) -> int:
+    if hasattr(layer, "in_features"):
+        return layer.in_features // layer.input_spatial
+    return layer.in_channels

@@ -1,0 +1,241 @@
+"""Training loop for the Bayesian nested network (BN³ §3, eq. 7–8).
+
+Loss per mini-batch (the negative ELBO divided by N, with BN³ App. 9.1's kappa):
+
+    mean cross-entropy + (kappa / N) * (ordering KL + keep-probability-weighted weight KL)
+
+With ``ordering.regularizer: l0`` the ordering KL is replaced (never joined) by the ordered-l0
+term ``l0_lambda * sum_j j beta_j`` (eq. 16), the deterministic special case.
+
+Runs as one process or under ``torchrun --nproc_per_node=N`` (gloo on CPU): DDP, a
+DistributedSampler, logging, evaluation and checkpoints on rank 0 only.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+
+from edge_sdk.errors import CheckpointError
+from trainer import checkpoint as ckpt_io
+from trainer.config import Config, config_to_dict
+from trainer.data import DataSplits, calibration_subset, load_data
+from trainer.evaluate import evaluate_widths, format_table
+from trainer.layers import gaussian_kl, log_uniform_kl
+from trainer.models import NestedModel, create_model
+from trainer.ordering import tau_schedule
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class TrainResult:
+    checkpoint: Path
+    model: NestedModel
+    val: dict  # per-width metrics (rank 0 only; empty on other ranks)
+    test: dict
+    seconds: float
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: Config, data: DataSplits) -> NestedModel:
+    """The registry model for this config and data (classes, channels and size from the spec)."""
+    _, h, _, c = data.spec.shape
+    kwargs = dict(num_classes=len(data.spec.classes), in_channels=c, input_size=h,
+                  width_mult=cfg.model.width_mult, groups=cfg.model.groups,
+                  frozen=cfg.model.frozen, prior_pi=cfg.ordering.prior_pi,
+                  init_mubar=cfg.ordering.init_mubar, log_alpha_init=cfg.bayes.log_alpha_init)
+    kwargs.update(cfg.model.kwargs)
+    model = create_model(cfg.model.name, **kwargs)
+    apply_weight_prior(model, cfg)
+    for w in cfg.train.eval_widths:
+        model.check_width(w)
+    return model
+
+
+def apply_weight_prior(model: NestedModel, cfg: Config) -> None:
+    prior = cfg.bayes.prior
+    model.set_weight_kl({"log_uniform": log_uniform_kl, "none": None}.get(prior)
+                        if prior != "gaussian" else gaussian_kl(cfg.bayes.prior_sigma))
+
+
+def regularizer(model: NestedModel, cfg: Config, n_train: int) -> torch.Tensor:
+    """Everything in the loss except the data term, already scaled per training sample."""
+    scale = cfg.bayes.kappa / n_train
+    reg = scale * model.weight_kl()
+    if cfg.ordering.regularizer == "kl":
+        return reg + scale * model.ordering_kl()
+    return reg + cfg.ordering.l0_lambda * model.ordered_l0()
+
+
+def _loader(ds, batch_size: int, shuffle: bool, seed: int, sampler=None, workers: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle and sampler is None,
+                      sampler=sampler, generator=g, num_workers=workers,
+                      drop_last=shuffle and len(ds) > batch_size)  # no 1-sample BN batches
+
+
+def _scheduler(opt: torch.optim.Optimizer, cfg: Config, total_steps: int, steps_per_epoch: int):
+    t = cfg.train
+    if t.schedule == "cosine":
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    if t.schedule == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, t.step_size * steps_per_epoch, t.gamma)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def _optimizer(model: NestedModel, cfg: Config) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
+                           weight_decay=t.weight_decay, nesterov=t.momentum > 0)
+
+
+def _dist_info() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = False,
+          progress: bool = True, log=print) -> TrainResult:
+    """Train ``cfg`` and write ``<out_dir>/checkpoint.pt`` (every epoch, atomically)."""
+    started = time.perf_counter()
+    rank, world = _dist_info()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    seed_everything(cfg.seed + rank)
+    out = Path(out_dir or Path("runs") / cfg.name)
+    path = out / CHECKPOINT_NAME
+    data = load_data(cfg.data)
+    # Same initial weights on every rank: build the model from the shared seed.
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, data)
+    opt = _optimizer(model, cfg)
+    n_train = len(data.train)
+    sampler = DistributedSampler(data.train, world, rank, shuffle=True, seed=cfg.seed,
+                                 drop_last=True) if world > 1 else None
+    train_loader = _loader(data.train, cfg.train.batch_size, True, cfg.seed, sampler,
+                           cfg.train.num_workers)
+    shuffle_gen = train_loader.generator
+    calib = list(_loader(calibration_subset(data.train, cfg.data.calib_samples, cfg.seed),
+                         256, False, 0))
+    val = list(_loader(data.val, 512, False, 0))
+    steps_per_epoch = len(train_loader)
+    total_steps = steps_per_epoch * cfg.train.epochs
+    sched = _scheduler(opt, cfg, total_steps, steps_per_epoch)
+
+    start_epoch, history, train_state = 0, [], None
+    if resume and path.is_file():
+        state = ckpt_io.load_checkpoint(path)
+        if state["arch"] != model.arch:
+            raise CheckpointError(f"cannot resume from {path}: it holds {state['arch']}, the "
+                                  f"config builds {model.arch}")
+        model.load_state_dict(state["state_dict"])
+        ts = state.get("train_state") or {}
+        if ts.get("epoch") is None:
+            raise CheckpointError(f"cannot resume from {path}: it has no training state "
+                                  "(is it a quantized checkpoint?)")
+        opt.load_state_dict(ts["optimizer"])
+        sched.load_state_dict(ts["scheduler"])
+        start_epoch, history = ts["epoch"] + 1, list(ts.get("history", []))
+        torch.set_rng_state(ts["rng"])
+        if rank == 0:
+            log(f"resumed from {path} at epoch {start_epoch}")
+
+    net = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    if rank == 0:
+        log(f"training {model.arch['name']} on {data.source}: {n_train} train / {len(data.val)} "
+            f"val / {len(data.test)} test samples, {cfg.train.epochs} epochs, world size {world}")
+
+    from tqdm import tqdm
+    step = start_epoch * steps_per_epoch
+    for epoch in range(start_epoch, cfg.train.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        # Seeded per epoch, so a resumed run shuffles exactly as an uninterrupted one.
+        shuffle_gen.manual_seed(cfg.seed * 100_003 + epoch)
+        net.train()
+        seen = correct = 0
+        loss_sum = 0.0
+        bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
+                   disable=not progress or rank != 0, file=sys.stderr)
+        for x, y in bar:
+            model.set_tau(tau_schedule(step, total_steps, cfg.ordering.tau_start,
+                                       cfg.ordering.tau_end), hard=cfg.ordering.hard)
+            logits = net(x)
+            loss = F.cross_entropy(logits, y) + regularizer(model, cfg, n_train)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            seen += len(y)
+            correct += int((logits.argmax(1) == y).sum())
+            loss_sum += loss.item() * len(y)
+            bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}")
+        if rank == 0:
+            row = {"epoch": epoch + 1, "loss": loss_sum / seen, "train_acc": correct / seen}
+            last = epoch + 1 == cfg.train.epochs
+            if (epoch + 1) % cfg.train.eval_every == 0 or last:
+                res = evaluate_widths(model, calib, val, cfg.train.eval_widths)
+                row["val"] = _keyed(res)
+                log(f"epoch {epoch + 1}: loss {row['loss']:.4f} train acc {row['train_acc']:.4f} "
+                    + " ".join(f"| w={w:g} acc {r['accuracy']:.4f} ece {r['ece']:.4f}"
+                               for w, r in res.items()))
+            history.append(row)
+            train_state = {"epoch": epoch, "optimizer": opt.state_dict(),
+                           "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                           "history": history}
+            ckpt_io.save_checkpoint(_checkpoint(model, cfg, data, {"history": history},
+                                                train_state), path)
+        if world > 1:
+            dist.barrier()
+
+    result_val = result_test = {}
+    if rank == 0:
+        result_val = evaluate_widths(model, calib, val, cfg.train.eval_widths)
+        result_test = evaluate_widths(model, calib, list(_loader(data.test, 512, False, 0)),
+                                      cfg.train.eval_widths)
+        metrics = {"history": history, "val": _keyed(result_val), "test": _keyed(result_test),
+                   "train_seconds": time.perf_counter() - started}
+        # Keeps the optimizer state, so `--resume` with more epochs continues a finished run.
+        ckpt_io.save_checkpoint(_checkpoint(model, cfg, data, metrics, train_state), path)
+        log(format_table(result_test, "test split (BN re-collected per width, posterior mean):"))
+    if world > 1:
+        dist.barrier()
+    return TrainResult(path, model, result_val, result_test, time.perf_counter() - started)
+
+
+def _keyed(res: dict[float, dict]) -> dict[str, dict]:
+    return {f"{w:g}": row for w, row in res.items()}
+
+
+def _checkpoint(model: NestedModel, cfg: Config, data: DataSplits, metrics: dict,
+                train_state: dict | None) -> dict:
+    return ckpt_io.build_checkpoint(model, input_spec=data.spec.to_dict(),
+                                    config=config_to_dict(cfg), split_seed=data.split_seed,
+                                    metrics=metrics, train_state=train_state)
+
