@@ -154,8 +154,9 @@ class BayesConfig:
     prior_sigma: float = _opt(0.1, min=0.0, min_exclusive=True)
     # small initial noise: start close to a deterministic network
     log_alpha_init: float = -4.0
-    # KL weight: 1.0 is the true ELBO
-    kappa: float = _opt(1.0, min=0.0)
+    # KL weight (BN3 App. 9.1); 1.0 is the true ELBO, which over-regularises small data sets
+    # (digits: 0.79 vs 0.97 test accuracy at width 0.25); the paper used 1e-5
+    kappa: float = _opt(0.01, min=0.0)
 
 
 @dataclass
