@@ -25,9 +25,49 @@ def train_main(argv: list[str]) -> int:
     cfg = load_config(args.config, args.overrides)
     result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
     import torch.distributed as dist
+    final = result.checkpoint
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"wall time {result.seconds:.1f} s")
-        print(result.checkpoint)
+        if cfg.quantize.method != "none":
+            from trainer.data import load_data
+            from trainer.quantize.run import default_out_dir, quantize_model
+
+            final = quantize_model(result.model, cfg, load_data(cfg.data),
+                                   default_out_dir(result.checkpoint, cfg.quantize.method),
+                                   progress=not args.no_progress)
+        print(final)
     if dist.is_initialized():
         dist.destroy_process_group()
+    return 0
+
+
+def quantize_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="edge-sdk quantize",
+        description="Quantize a trained checkpoint (PWFN: one powers-of-two codebook for the "
+                    "whole network, every weight keeps an uncertainty). The last line printed "
+                    "is the new checkpoint's path.")
+    p.add_argument("checkpoint", help="a checkpoint written by `edge-sdk train`")
+    p.add_argument("--method", default="pwfn", choices=["pwfn"])
+    p.add_argument("--config", default=None,
+                   help="config name or YAML whose `quantize` section to use (default: the "
+                        "checkpoint's own config, whose defaults run as they are)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override, e.g. --set quantize.pwfn.rule=strict (repeatable)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/<run>-<method>/)")
+    p.add_argument("--no-progress", action="store_true", help="log rounds instead of a bar")
+    args = p.parse_args(argv)
+
+    from trainer.checkpoint import load_checkpoint
+    from trainer.config import apply_overrides, config_from_dict, load_config
+    from trainer.quantize.run import quantize_checkpoint
+
+    overrides = [f"quantize.method={args.method}", *args.overrides]
+    if args.config is not None:
+        cfg = load_config(args.config, overrides)
+    else:
+        cfg = apply_overrides(config_from_dict(load_checkpoint(args.checkpoint)["config"]),
+                              overrides)
+    path = quantize_checkpoint(args.checkpoint, cfg, args.out, progress=not args.no_progress)
+    print(path)
     return 0

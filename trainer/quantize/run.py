@@ -1,0 +1,77 @@
+"""Run a quantizer on a trained model or checkpoint and write the quantized checkpoint."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from edge_sdk.errors import CheckpointError, ConfigError
+from trainer import checkpoint as ckpt_io
+from trainer.config import Config, config_from_dict, config_to_dict
+from trainer.data import DataSplits, load_data
+from trainer.models import NestedModel
+
+METHODS = ("pwfn",)
+
+
+def default_out_dir(checkpoint: str | os.PathLike, method: str) -> Path:
+    """``runs/<run name>-<method>/``: a checkpoint called checkpoint.pt is named by its run dir."""
+    p = Path(checkpoint)
+    stem = p.parent.name if p.stem == "checkpoint" and p.parent.name else p.stem
+    return Path("runs") / f"{stem}-{method}"
+
+
+def quantize_model(model: NestedModel, cfg: Config, data: DataSplits, out_dir: str | os.PathLike,
+                   *, base_metrics: dict | None = None, progress: bool = True, log=print) -> Path:
+    """Quantize ``model`` in place with ``cfg.quantize.method`` and write ``out_dir/checkpoint.pt``."""
+    method = cfg.quantize.method
+    if method not in METHODS:
+        raise ConfigError(f"quantize.method must be one of {', '.join(METHODS)}, got {method!r}")
+    from trainer.quantize.pwfn import fix_weights_
+
+    result = fix_weights_(model, cfg.quantize.pwfn, data, cfg, progress=progress, log=log)
+    metrics = dict(base_metrics or {})
+    keyed = lambda res: {f"{w:g}": row for w, row in res.items()}  # noqa: E731
+    metrics["pwfn"] = {"before": keyed(result.before), "point": keyed(result.after_point),
+                       "ensemble": keyed(result.after_ensemble),
+                       "unique_values": result.unique_values,
+                       "entropy_bits": result.entropy_bits, "packed_bytes": result.packed_bytes}
+    ckpt = ckpt_io.build_checkpoint(model, input_spec=data.spec.to_dict(),
+                                    config=config_to_dict(cfg), split_seed=data.split_seed,
+                                    metrics=metrics, posterior=result.posterior)
+    path = ckpt_io.save_checkpoint(ckpt, Path(out_dir) / "checkpoint.pt")
+    log(summary_table(result))
+    return path
+
+
+def quantize_checkpoint(checkpoint: str | os.PathLike, cfg: Config | None = None,
+                        out_dir: str | os.PathLike | None = None, *, progress: bool = True,
+                        log=print) -> Path:
+    """Quantize an existing checkpoint; data and training settings come from the checkpoint's
+    own config (same split seed), the quantizer settings from ``cfg`` when given."""
+    state = ckpt_io.load_checkpoint(checkpoint)
+    if state.get("posterior", {}).get("kind") != "gaussian":
+        raise CheckpointError(f"{checkpoint} is already quantized "
+                              f"({state['posterior'].get('kind')}); quantize the trained one")
+    trained = config_from_dict(state["config"])
+    if cfg is not None:
+        trained.quantize = cfg.quantize
+    model = ckpt_io.model_from_checkpoint(state)
+    data = load_data(trained.data)
+    if list(data.spec.classes) != list(state["classes"]):
+        raise CheckpointError(f"the checkpoint's data source now gives classes "
+                              f"{list(data.spec.classes)}, the checkpoint has {state['classes']}")
+    out = Path(out_dir) if out_dir else default_out_dir(checkpoint, trained.quantize.method)
+    return quantize_model(model, trained, data, out, base_metrics=state.get("metrics"),
+                          progress=progress, log=log)
+
+
+def summary_table(result) -> str:
+    lines = [f"PWFN: {result.unique_values} unique values network-wide, weight entropy "
+             f"{result.entropy_bits:.3f} bits, packed {result.packed_bytes} bytes",
+             f"{'width':>6} {'acc before':>11} {'acc point':>10} {'acc ens':>9} "
+             f"{'ece before':>11} {'ece point':>10} {'ece ens':>9}"]
+    for w in sorted(result.after_point):
+        b, p, e = result.before[w], result.after_point[w], result.after_ensemble[w]
+        lines.append(f"{w:>6.3g} {b['accuracy']:>11.4f} {p['accuracy']:>10.4f} "
+                     f"{e['accuracy']:>9.4f} {b['ece']:>11.4f} {p['ece']:>10.4f} {e['ece']:>9.4f}")
+    return "\n".join(lines)
