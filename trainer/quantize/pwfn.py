@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from edge_sdk import metrics as M
 from edge_sdk.errors import ConfigError
-from trainer.config import Config, PWFNConfig
+from trainer.config import Config, PWFNConfig, validate
 from trainer.data import DataSplits, calibration_subset
 from trainer.evaluate import evaluate_widths
 from trainer.layers import BayesNestedLayer, _inverse_softplus
@@ -48,7 +48,8 @@ def candidate_centres(max_abs: float, precision: int = 7, max_order: int = 4
     order omega is a same-sign sum of omega distinct elements of R, so C^omega = {c : order(c)
     <= omega}; 0 has order 0. Built once by enumerating subsets as bit masks.
     """
-    top = max(math.floor(math.log2(max_abs)), -precision) if max_abs > 0 else -precision
+    # frexp is exact: max_abs = m * 2^e with 0.5 <= m < 1, so the largest power <= max_abs is 2^(e-1)
+    top = max(math.frexp(max_abs)[1] - 1, -precision) if max_abs > 0 else -precision
     exponents = torch.arange(top, -precision - 1, -1, dtype=torch.float64)
     powers = torch.pow(2.0, exponents)
     n = len(powers)
@@ -138,6 +139,8 @@ def cluster_round(mu: torch.Tensor, sigma: torch.Tensor, free: torch.Tensor, tar
     value = torch.full_like(mu, float("nan"))
     group_sigma = torch.full_like(mu, float("nan"))
     mu64, sig = mu.double(), sigma.double().clamp_min(_MIN_SIGMA)
+    if not 0 <= target <= len(mu):
+        raise ConfigError(f"target must be between 0 and the {len(mu)} entries, got {target}")
     need = target - int((~free).sum())
     while need > 0:
         free_idx = torch.nonzero(free).squeeze(1)
@@ -353,8 +356,7 @@ def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
     """
     from tqdm import tqdm
 
-    if cfg.version != 1:
-        raise ConfigError(f"PWFNConfig version {cfg.version} is not supported (expected 1)")
+    cfg = validate(cfg, "quantize.pwfn")  # a config built in code gets the YAML's checks
     train_config = train_config or Config()
     widths = train_config.train.eval_widths
     calib = _batches(data.train, train_config.data.calib_samples, train_config.seed)
@@ -380,7 +382,8 @@ def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
             # weight sigmas are trained between rounds; bias sigmas keep their initial values
             sigma = torch.where(is_bias, init_sigma, _flat(entries, _Entry.sigma_or_mu))
             free = ~state.fixed
-            target = total if p >= 1.0 else math.ceil(p * total)
+            # (the epsilon keeps 0.3 * 10 = 3.0000000000000004 from asking for 4)
+            target = total if p >= 1.0 else math.ceil(p * total - 1e-9)
             value, gsig, stats = cluster_round(mu_all, sigma, free, target, centres, order,
                                                delta0=cfg.delta, max_order=cfg.max_order,
                                                rule=cfg.rule, assign=cfg.assign)
