@@ -44,16 +44,18 @@ def train_main(argv: list[str]) -> int:
 def quantize_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="edge-sdk quantize",
-        description="Quantize a trained checkpoint (PWFN: one powers-of-two codebook for the "
-                    "whole network, every weight keeps an uncertainty). The last line printed "
-                    "is the new checkpoint's path.")
+        description="Quantize a trained checkpoint: PWFN (one powers-of-two codebook for the "
+                    "whole network, every weight keeps an uncertainty) or SQS (exact sparsity, "
+                    "low-bit per-tensor codebooks, a categorical posterior). The last line "
+                    "printed is the new checkpoint's path.")
     p.add_argument("checkpoint", help="a checkpoint written by `edge-sdk train`")
-    p.add_argument("--method", default="pwfn", choices=["pwfn"])
+    p.add_argument("--method", default="pwfn", choices=["pwfn", "sqs"])
     p.add_argument("--config", default=None,
                    help="config name or YAML whose `quantize` section to use (default: the "
                         "checkpoint's own config, whose defaults run as they are)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override, e.g. --set quantize.pwfn.rule=strict (repeatable)")
+                   help="override, e.g. --set quantize.pwfn.rule=strict or "
+                        "--set quantize.sqs.bits=2 (repeatable)")
     p.add_argument("--out", default=None, help="output directory (default: runs/<run>-<method>/)")
     p.add_argument("--no-progress", action="store_true", help="log rounds instead of a bar")
     args = p.parse_args(argv)

@@ -45,6 +45,7 @@ __all__ = [
     "OrderingConfig",
     "PWFNConfig",
     "QuantizeConfig",
+    "SQSConfig",
     "TrainConfig",
     "apply_overrides",
     "config_from_dict",
@@ -248,10 +249,44 @@ class PWFNConfig:
 
 
 @dataclass
+class SQSConfig:
+    """Sparse Quantized Sub-distributions (SQS paper §3.1, App. C, D.2). Versioned."""
+
+    version: int = _opt(1, min=1, max=1)
+    # K = 2^bits Gaussian components per window (App. C's 16 = 4 bits)
+    bits: int = _opt(4, min=1, max=8)
+    # the exact fraction of weights kept non-zero after pruning (the paper's "Non-zero")
+    nonzero: float = _opt(0.5, min=0.0, max=1.0, min_exclusive=True)
+    # outlier = App. C's IQR-fenced tails + two bulk windows; equal = 4 equal-width windows (ablation)
+    windows: str = _opt("outlier", choices=("outlier", "equal"))
+    # App. C uses 5 x IQR for the tail fences (the main text says 1.5x; the appendix is the recipe)
+    iqr_factor: float = _opt(5.0, min=0.0, min_exclusive=True)
+    # responsibility temperature tau of eq. 2 (App. C default)
+    tau: float = _opt(5e-4, min=0.0, min_exclusive=True)
+    # tau' of eq. 33, halved after half the steps
+    tau_prune: float = _opt(0.0125, min=0.0, min_exclusive=True)
+    # slab std sigma_0 of the spike-and-slab prior (eq. 5)
+    prior_sigma: float = _opt(1.0, min=0.0, min_exclusive=True)
+    # fine-tuning epochs (the paper compresses ResNets within 10)
+    epochs: int = _opt(5, min=1)
+    lr: float = _opt(1e-3, min=0.0, min_exclusive=True)
+    # exponent of the polynomial schedule taking the prior keep probability from 1 to nonzero
+    schedule_power: float = _opt(3.0, min=1.0)
+    # top-k over the whole network (global) or within each tensor (layer)
+    prune_scope: str = _opt("global", choices=("global", "layer"))
+    # networks averaged in Bayesian averaging (eq. 10)
+    samples: int = _opt(8, min=1)
+    # temperature of the categorical posterior when sampling (eq. 9); tau itself makes samples
+    # ~ greedy (phi nearly one-hot), so a larger one exposes the posterior's spread
+    sample_tau: float = _opt(0.05, min=0.0, min_exclusive=True)
+
+
+@dataclass
 class QuantizeConfig:
-    # none = stop after nested training; pwfn runs Probabilistic Weight Fixing after it
-    method: str = _opt("none", choices=("none", "pwfn"))
+    # none = stop after nested training; pwfn / sqs run that quantizer after it
+    method: str = _opt("none", choices=("none", "pwfn", "sqs"))
     pwfn: PWFNConfig = _opt(factory=PWFNConfig)
+    sqs: SQSConfig = _opt(factory=SQSConfig)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from trainer.config import Config, config_from_dict, config_to_dict
 from trainer.data import DataSplits, load_data
 from trainer.models import NestedModel
 
-METHODS = ("pwfn",)
+METHODS = ("pwfn", "sqs")
 
 
 def default_out_dir(checkpoint: str | os.PathLike, method: str) -> Path:
@@ -26,20 +26,43 @@ def quantize_model(model: NestedModel, cfg: Config, data: DataSplits, out_dir: s
     method = cfg.quantize.method
     if method not in METHODS:
         raise ConfigError(f"quantize.method must be one of {', '.join(METHODS)}, got {method!r}")
-    from trainer.quantize.pwfn import fix_weights_
-
-    result = fix_weights_(model, cfg.quantize.pwfn, data, cfg, progress=progress, log=log)
     metrics = dict(base_metrics or {})
     keyed = lambda res: {f"{w:g}": row for w, row in res.items()}  # noqa: E731
-    metrics["pwfn"] = {"before": keyed(result.before), "point": keyed(result.after_point),
-                       "ensemble": keyed(result.after_ensemble),
-                       "unique_values": result.unique_values,
-                       "entropy_bits": result.entropy_bits, "packed_bytes": result.packed_bytes}
+    if method == "pwfn":
+        from trainer.quantize.pwfn import fix_weights_
+
+        result = fix_weights_(model, cfg.quantize.pwfn, data, cfg, progress=progress, log=log)
+        metrics["pwfn"] = {"before": keyed(result.before), "point": keyed(result.after_point),
+                           "ensemble": keyed(result.after_ensemble),
+                           "unique_values": result.unique_values,
+                           "entropy_bits": result.entropy_bits,
+                           "packed_bytes": result.packed_bytes}
+        table = _table("PWFN: {} unique values network-wide, weight entropy {:.3f} bits, packed "
+                       "{} bytes".format(result.unique_values, result.entropy_bits,
+                                         result.packed_bytes),
+                       result.before, result.after_point, result.after_ensemble)
+    else:
+        from trainer.quantize.sqs import sqs_
+
+        result = sqs_(model, cfg.quantize.sqs, data, cfg, progress=progress, log=log)
+        metrics["sqs"] = {"before": keyed(result.before), "greedy": keyed(result.greedy),
+                          "bayes": keyed(result.bayes), "rate": result.rate,
+                          "bits_per_weight": result.bits_per_weight,
+                          "packed_bytes": result.packed_bytes,
+                          "nonzero_kept": result.nonzero_kept,
+                          "total_weights": result.total_weights,
+                          "uncertain_fraction": result.uncertain_fraction}
+        table = _table("SQS: {}/{} weights kept, paper rate {:.1f}x, real {:.2f} bits/weight, "
+                       "packed {} bytes, max phi < 0.99 for {}".format(
+                           result.nonzero_kept, result.total_weights, result.rate,
+                           result.bits_per_weight, result.packed_bytes,
+                           {k: round(v, 4) for k, v in result.uncertain_fraction.items()}),
+                       result.before, result.greedy, result.bayes)
     ckpt = ckpt_io.build_checkpoint(model, input_spec=data.spec.to_dict(),
                                     config=config_to_dict(cfg), split_seed=data.split_seed,
                                     metrics=metrics, posterior=result.posterior)
     path = ckpt_io.save_checkpoint(ckpt, Path(out_dir) / "checkpoint.pt")
-    log(summary_table(result))
+    log(table)
     return path
 
 
@@ -65,13 +88,12 @@ def quantize_checkpoint(checkpoint: str | os.PathLike, cfg: Config | None = None
                           progress=progress, log=log)
 
 
-def summary_table(result) -> str:
-    lines = [f"PWFN: {result.unique_values} unique values network-wide, weight entropy "
-             f"{result.entropy_bits:.3f} bits, packed {result.packed_bytes} bytes",
-             f"{'width':>6} {'acc before':>11} {'acc point':>10} {'acc ens':>9} "
-             f"{'ece before':>11} {'ece point':>10} {'ece ens':>9}"]
-    for w in sorted(result.after_point):
-        b, p, e = result.before[w], result.after_point[w], result.after_ensemble[w]
+def _table(title: str, before: dict, point: dict, sampled: dict) -> str:
+    """Per-width accuracy and ECE: before quantization, point network, sampled ensemble."""
+    lines = [title, f"{'width':>6} {'acc before':>11} {'acc point':>10} {'acc ens':>9} "
+                    f"{'ece before':>11} {'ece point':>10} {'ece ens':>9}"]
+    for w in sorted(point):
+        b, p, e = before[w], point[w], sampled[w]
         lines.append(f"{w:>6.3g} {b['accuracy']:>11.4f} {p['accuracy']:>10.4f} "
                      f"{e['accuracy']:>9.4f} {b['ece']:>11.4f} {p['ece']:>10.4f} {e['ece']:>9.4f}")
     return "\n".join(lines)

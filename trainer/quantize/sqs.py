@@ -1,0 +1,412 @@
+"""Sparse Quantized Sub-distributions (SQS; §3.1, Appendix C and D.2 of the paper) on the nested
+Bayesian network: joint pruning and low-bit per-tensor codebooks with Bayesian averaging.
+
+Every conv/linear weight tensor gets a spike-and-GMM variational posterior (eq. 6):
+
+    q(w_i) = lambda_i sum_k phi_k(theta_i) N(mu_k, sigma_k^2) + (1 - lambda_i) delta_0,
+
+with the components living in *windows* of the tensor's initial weight range (App. C), a latent
+theta_i per weight, responsibilities as in DGMS (which SQS builds on) computed in log space
+``r = softmax_k(log pi_k + log N(theta_i | mu_k, sigma_k^2))`` over the weight's window and
+sharpened to ``phi = softmax(r / tau)`` (eq. 2), and a keep probability
+``lambda_i = sigmoid(s_i / tau')`` (eq. 33). Training minimises eq. 8 per sample:
+
+    CE at the mean weight lambda_i sum_k mu_k phi_k
+    + (1/N) [sum_i KL(Bern(lambda_i) || Bern(lambda_t)) + sum_i lambda_i KL(N(mu_k*, s_k*^2) || N(0, s_0^2))]
+
+where the prior keep probability lambda_t follows a polynomial schedule from 1 down to the
+target non-zero rate (we move the *prior*, as the spike-and-slab formulation suggests; the hard
+top-k prune happens once, at the end). Inference prunes deterministically to exactly
+floor(nonzero * T) weights ranked by s_i, then either takes the arg-max component (greedy,
+eq. 34) or averages M networks whose weights are drawn from the categorical posterior (eq. 9-10),
+so every sampled network is itself sparse and quantized.
+
+Biases and batch norm stay float. ``sqs_(model, SQSConfig(...), data)`` quantizes in place.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+
+from edge_sdk import metrics as M
+from edge_sdk.errors import ConfigError
+from trainer.config import Config, SQSConfig, validate
+from trainer.data import DataSplits, calibration_subset
+from trainer.evaluate import predict_probs, recollect_bn
+from trainer.layers import BayesNestedLayer
+from trainer.models import NestedModel
+
+__all__ = ["SQSConfig", "SQSResult", "SQSTensor", "compression_rate", "kmeans_1d",
+           "make_windows", "prune_mask", "sqs_"]
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+# ------------------------------------------------------------------------------- windows
+def make_windows(x: torch.Tensor, mode: str = "outlier", iqr_factor: float = 5.0
+                 ) -> tuple[torch.Tensor, list[tuple[float, float]]]:
+    """Window index per value and each non-empty window's [lo, hi] range.
+
+    ``outlier`` (App. C): tails below q1 - f*IQR and above q3 + f*IQR (f = 5 in the appendix;
+    the main text's 1.5 is the textbook rule), and the bulk between the fences split at 0 into
+    a negative and a non-negative window. The paper does not say where the bulk is split; 0
+    keeps every component's sign fixed (no component straddles zero, where pruning already puts
+    a spike). ``equal``: four equal-width windows over [min, max] (the ablation). Empty windows
+    (small CNNs often have empty tails) are dropped and the rest renumbered.
+    """
+    x = x.detach().double()
+    if mode == "outlier":
+        q1, q3 = torch.quantile(x, 0.25), torch.quantile(x, 0.75)
+        lo, hi = q1 - iqr_factor * (q3 - q1), q3 + iqr_factor * (q3 - q1)
+        raw = torch.where(x < lo, 0, torch.where(x < 0, 1, torch.where(x <= hi, 2, 3)))
+    elif mode == "equal":
+        edges = torch.linspace(float(x.min()), float(x.max()), 5, dtype=torch.float64)
+        raw = torch.bucketize(x, edges[1:-1], right=True)
+    else:
+        raise ConfigError(f"windows must be outlier or equal, got {mode!r}")
+    present = torch.unique(raw)
+    remap = torch.full((4,), -1, dtype=torch.int64)
+    remap[present] = torch.arange(len(present))
+    index = remap[raw]
+    bounds = [(float(x[index == w].min()), float(x[index == w].max())) for w in range(len(present))]
+    return index, bounds
+
+
+def kmeans_1d(x: torch.Tensor, k: int, iters: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd's k-means in one dimension, vectorised: (sorted centres [k'], assignment [n]).
+
+    k' = min(k, number of distinct values). Centres start at evenly spaced quantiles; an
+    assignment is a ``searchsorted`` against the midpoints of the sorted centres.
+    """
+    x = x.detach().double()
+    k = min(k, int(torch.unique(x).numel()))
+    centres = torch.unique(torch.quantile(x, (torch.arange(k, dtype=torch.float64) + 0.5) / k))
+    while len(centres) < k:  # repeated quantiles on clumped data: pad with unused distinct values
+        extra = torch.unique(x)[~torch.isin(torch.unique(x), centres)][: k - len(centres)]
+        centres = torch.sort(torch.cat([centres, extra])).values
+    assign = torch.zeros(len(x), dtype=torch.int64)
+    for _ in range(iters):
+        assign = torch.searchsorted((centres[1:] + centres[:-1]) / 2, x)
+        counts = torch.bincount(assign, minlength=k).double()
+        sums = torch.zeros(k, dtype=torch.float64).index_add_(0, assign, x)
+        new = torch.where(counts > 0, sums / counts.clamp_min(1), centres)
+        new = torch.sort(new).values
+        if torch.equal(new, centres):
+            break
+        centres = new
+    assign = torch.searchsorted((centres[1:] + centres[:-1]) / 2, x)
+    return centres, assign
+
+
+def _gmm_init(x: torch.Tensor, assign: torch.Tensor, k: int, floor: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """App. C: mu_k, sigma_k (unbiased std) and pi_k = |G_k| / n of each k-means group."""
+    x = x.double()
+    n = torch.bincount(assign, minlength=k).double()
+    mu = torch.zeros(k, dtype=torch.float64).index_add_(0, assign, x) / n.clamp_min(1)
+    ss = torch.zeros(k, dtype=torch.float64).index_add_(0, assign, (x - mu[assign]) ** 2)
+    sigma = torch.sqrt(ss / (n - 1).clamp_min(1)).clamp_min(floor)
+    return mu, sigma, n / n.sum()
+
+
+# ------------------------------------------------------------------ the per-tensor posterior
+class SQSTensor(nn.Module):
+    """Spike-and-GMM posterior of one weight tensor, used as a parametrization of the layer's
+    ``weight_mu``: the parametrized tensor is the mean weight lambda sum_k mu_k phi_k(theta)."""
+
+    def __init__(self, theta: torch.Tensor, cfg: SQSConfig):
+        super().__init__()
+        flat = theta.detach().flatten()
+        index, self.bounds = make_windows(flat, cfg.windows, cfg.iqr_factor)
+        n_windows, k = len(self.bounds), 2 ** cfg.bits
+        mu = torch.zeros(n_windows, k, dtype=torch.float64)
+        sigma = torch.ones(n_windows, k, dtype=torch.float64)
+        log_pi = torch.full((n_windows, k), -math.inf, dtype=torch.float64)
+        floor = max(float(flat.abs().max()) * 1e-4, 1e-8)  # a singleton group has no spread
+        for w in range(n_windows):  # a loop over <= 4 windows, never over weights
+            xw = flat[index == w]
+            centres, assign = kmeans_1d(xw, k)
+            kw = len(centres)  # K_w = min(K, distinct values in the window)
+            m, s, p = _gmm_init(xw, assign, kw, floor)
+            mu[w, :kw], sigma[w, :kw], log_pi[w, :kw] = m, s, p.clamp_min(1e-12).log()
+        self.register_buffer("window", index)
+        self.register_buffer("valid", torch.isfinite(log_pi))
+        self.mu = nn.Parameter(mu.float())
+        self.log_sigma = nn.Parameter(sigma.log().float())
+        self.pi_logit = nn.Parameter(torch.where(self.valid, log_pi, 0.0).float())
+        # keep-score from magnitude: lambda = sigmoid(2 |theta| / mean|theta|) starts large
+        # weights near 1 and tiny ones near 1/2; learning then re-ranks them
+        scale = flat.abs().mean().clamp_min(1e-12)
+        self.s = nn.Parameter((cfg.tau_prune * 2 * flat.abs() / scale).float())
+        self.tau = cfg.tau
+        self.tau_prune = cfg.tau_prune
+        self.shape = tuple(theta.shape)
+
+    def log_joint(self, theta: torch.Tensor) -> torch.Tensor:
+        """log pi_k + log N(theta_i | mu_k, sigma_k^2) over the weight's window, [n, K]."""
+        w = self.window
+        log_pi = torch.log_softmax(self.pi_logit.masked_fill(~self.valid, -math.inf), -1)[w]
+        mu, log_sigma = self.mu[w], self.log_sigma[w]
+        z = (theta.flatten()[:, None] - mu) / log_sigma.exp()
+        lj = log_pi - 0.5 * z * z - log_sigma - 0.5 * _LOG_2PI
+        return lj.masked_fill(~self.valid[w], -math.inf)
+
+    def responsibilities(self, theta: torch.Tensor) -> torch.Tensor:
+        """r_ik in [0, 1] (DGMS), computed from log densities: raw densities underflow."""
+        return torch.softmax(self.log_joint(theta), -1)
+
+    def phi(self, theta: torch.Tensor, tau: float | None = None) -> torch.Tensor:
+        """eq. 2: phi = softmax(r / tau) over the weight's window components."""
+        r = self.responsibilities(theta) / (self.tau if tau is None else tau)
+        return torch.softmax(r.masked_fill(~self.valid[self.window], -math.inf), -1)
+
+    def keep_probability(self) -> torch.Tensor:
+        return torch.sigmoid(self.s / self.tau_prune)  # eq. 33
+
+    def forward(self, theta: torch.Tensor) -> torch.Tensor:
+        mean = (self.phi(theta) * self.mu[self.window]).sum(-1)
+        return (self.keep_probability() * mean).view(self.shape)
+
+    def kl(self, theta: torch.Tensor, prior_keep: float, prior_sigma: float) -> torch.Tensor:
+        """eq. 8's two KL terms for this tensor."""
+        lam = self.keep_probability().clamp(1e-6, 1 - 1e-6)
+        p = min(max(prior_keep, 1e-6), 1 - 1e-6)
+        bern = lam * torch.log(lam / p) + (1 - lam) * torch.log((1 - lam) / (1 - p))
+        k_star = self.phi(theta).argmax(-1)
+        mu = self.mu[self.window, k_star]
+        sig = self.log_sigma[self.window, k_star].exp()
+        gauss = (math.log(prior_sigma) - torch.log(sig)
+                 + (sig * sig + mu * mu) / (2 * prior_sigma ** 2) - 0.5)
+        return bern.sum() + (lam * gauss).sum()
+
+
+# ------------------------------------------------------------------------- inference rules
+def prune_mask(scores: list[torch.Tensor], nonzero: float, scope: str = "global"
+               ) -> list[torch.Tensor]:
+    """Keep exactly floor(nonzero * T) weights with the largest s_i (ties: lower index first),
+    over the whole network (``global``) or floor(nonzero * n) within each tensor (``layer``).
+    Ranking by s rather than lambda: lambda = sigmoid(s / tau') saturates at 1.0 in fp32."""
+    def top(flat: torch.Tensor, keep: int) -> torch.Tensor:
+        order = torch.sort(-flat.double(), stable=True).indices  # stable: ties by index
+        mask = torch.zeros(len(flat), dtype=torch.bool)
+        mask[order[:keep]] = True
+        return mask
+
+    if scope == "layer":
+        return [top(s.detach().flatten(), math.floor(nonzero * s.numel())) for s in scores]
+    if scope != "global":
+        raise ConfigError(f"prune_scope must be global or layer, got {scope!r}")
+    flat = torch.cat([s.detach().flatten() for s in scores])
+    mask = top(flat, math.floor(nonzero * len(flat)))
+    return list(torch.split(mask, [s.numel() for s in scores]))
+
+
+def compression_rate(bits: int, nonzero: float) -> float:
+    """The paper's rate, eq. 14: 32 / Bits x 1 / Non-zero (Bits = log2 K)."""
+    return 32.0 / bits / nonzero
+
+
+# ------------------------------------------------------------------------------- the verb
+@dataclass
+class SQSResult:
+    before: dict
+    greedy: dict
+    bayes: dict
+    rate: float
+    bits_per_weight: float
+    packed_bytes: int
+    nonzero_kept: int
+    total_weights: int
+    uncertain_fraction: dict
+    posterior: dict = field(default_factory=dict)
+    per_tensor: dict = field(default_factory=dict)
+
+
+def _layers(model: NestedModel) -> list[tuple[str, BayesNestedLayer]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)]
+
+
+def _batches(ds, n: int | None = None, seed: int = 0, batch: int = 512) -> list:
+    if n is not None:
+        ds = calibration_subset(ds, n, seed)
+    return list(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False))
+
+
+def _evaluate(model: NestedModel, calib: list, test: list, widths, weight_sets: list[dict]
+              ) -> dict[float, dict[str, float]]:
+    """Average the predictions of networks given as {layer name: weight tensor}; each network's
+    BN statistics are re-collected at each width with its own weights (what an exported sampled
+    slice runs). One set = the point network."""
+    work = copy.deepcopy(model)  # BN re-collection must not touch the model's own statistics
+    layers = dict(_layers(work))
+    results = {}
+    for w in widths:
+        probs = []
+        for ws in weight_sets:
+            with torch.no_grad():
+                for n, t in ws.items():
+                    layers[n].weight_mu.copy_(t)
+            recollect_bn(work, calib, w)
+            p, labels = predict_probs(work, test, w)
+            probs.append(p[0])
+        stack = np.stack(probs)
+        row = M.summarize(stack.mean(0), labels)
+        if len(weight_sets) > 1:
+            row["mutual_info"] = float(M.mutual_information(stack).mean())
+        results[float(w)] = {k: float(v) for k, v in row.items()}
+    return results
+
+
+def sqs_(model: NestedModel, cfg: SQSConfig, data: DataSplits, train_config: Config | None = None,
+         *, progress: bool = True, log=print) -> SQSResult:
+    """Quantize ``model`` in place with SQS; returns metrics and the checkpoint posterior."""
+    cfg = validate(cfg, "quantize.sqs")
+    train_config = train_config or Config()
+    widths = train_config.train.eval_widths
+    calib = _batches(data.train, train_config.data.calib_samples, train_config.seed)
+    test = _batches(data.test)
+    layers = _layers(model)
+    before = _evaluate(model, calib, test, widths, [{n: l.weight_mu.detach().clone() for n, l in layers}])
+
+    model.set_weight_kl(None)  # the Gaussian posterior's KL is replaced by eq. 8's terms
+    post = {}
+    for name, layer in layers:
+        post[name] = SQSTensor(layer.weight_mu, cfg)
+        parametrize.register_parametrization(layer, "weight_mu", post[name])
+    try:
+        _train(model, post, layers, cfg, data, train_config, progress)
+        thetas = {n: l.parametrizations.weight_mu.original.detach().clone() for n, l in layers}
+    finally:
+        for _, layer in layers:
+            parametrize.remove_parametrizations(layer, "weight_mu", leave_parametrized=True)
+    return _finalise(model, post, thetas, layers, cfg, calib, test, widths, before)
+
+
+def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: Config,
+           progress: bool) -> None:
+    from tqdm import tqdm
+
+    gen = torch.Generator().manual_seed(train_config.seed)
+    loader = torch.utils.data.DataLoader(data.train, batch_size=train_config.train.batch_size,
+                                         shuffle=True, generator=gen,
+                                         drop_last=len(data.train) > train_config.train.batch_size)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    total = cfg.epochs * len(loader)
+    n = len(data.train)
+    model.set_tau(train_config.ordering.tau_end, hard=train_config.ordering.hard)
+    kl_scale = train_config.bayes.kappa / n
+    step = 0
+    bar = tqdm(total=total, desc="SQS", disable=not progress, file=sys.stderr)
+    with model.weight_mode("mean"):  # eq. 8: the data term at the mean weight
+        for _ in range(cfg.epochs):
+            model.train()
+            for x, y in loader:
+                frac = step / max(total - 1, 1)
+                prior_keep = cfg.nonzero + (1 - cfg.nonzero) * (1 - frac) ** cfg.schedule_power
+                tau_prune = cfg.tau_prune if step < total // 2 else cfg.tau_prune / 2
+                kl = 0.0
+                for name, layer in layers:
+                    t = post[name]
+                    t.tau_prune = tau_prune
+                    kl = kl + t.kl(layer.parametrizations.weight_mu.original, prior_keep,
+                                   cfg.prior_sigma)
+                logits = model(x)
+                loss = F.cross_entropy(logits, y) + kl / n
+                if train_config.ordering.regularizer == "kl":
+                    loss = loss + kl_scale * model.ordering_kl()
+                else:
+                    loss = loss + train_config.ordering.l0_lambda * model.ordered_l0()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                step += 1
+                bar.update()
+                if step % 10 == 0:
+                    sparsity = _expected_sparsity(post)
+                    acc = (logits.argmax(1) == y).float().mean().item()
+                    bar.set_postfix(prior=f"{prior_keep:.3f}", E_nonzero=f"{sparsity:.3f}",
+                                    acc=f"{acc:.3f}", refresh=False)
+    bar.close()
+
+
+def _expected_sparsity(post: dict) -> float:
+    with torch.no_grad():
+        kept = sum(float(t.keep_probability().sum()) for t in post.values())
+        return kept / sum(t.s.numel() for t in post.values())
+
+
+@torch.no_grad()
+def _finalise(model, post, thetas, layers, cfg: SQSConfig, calib, test, widths, before
+              ) -> SQSResult:
+    names = [n for n, _ in layers]
+    masks = dict(zip(names, prune_mask([post[n].s for n in names], cfg.nonzero, cfg.prune_scope)))
+    greedy, tensors, per_tensor = {}, {}, {}
+    uncertain = {"tau": 0, f"sample_tau={cfg.sample_tau:g}": 0}
+    packed, real_bits_sum, total = 0, 0.0, 0
+    for name in names:
+        t, theta, mask = post[name], thetas[name], masks[name]
+        log_r = torch.log(t.responsibilities(theta).clamp_min(1e-30))
+        k_star = t.phi(theta).argmax(-1)  # greedy, eq. 34
+        codebook = t.mu.detach()  # [windows, K]; invalid slots unused
+        w = torch.where(mask, codebook[t.window, k_star], torch.zeros(()))
+        greedy[name] = w.view(t.shape)
+        uncertain["tau"] += int(((t.phi(theta).max(-1).values < 0.99) & mask).sum())
+        uncertain[f"sample_tau={cfg.sample_tau:g}"] += int(
+            ((t.phi(theta, cfg.sample_tau).max(-1).values < 0.99) & mask).sum())
+        distinct = int(t.valid.sum())  # every window's components: up to 4K values (+ zero)
+        bits = math.ceil(math.log2(distinct)) if distinct > 1 else 1
+        n_keep = int(mask.sum())
+        nbytes = math.ceil(mask.numel() / 8) + math.ceil(n_keep * bits / 8) + 4 * distinct
+        packed += nbytes
+        real_bits_sum += bits * mask.numel()
+        total += mask.numel()
+        per_tensor[name] = {"windows": len(t.bounds), "components": distinct, "index_bits": bits,
+                            "nonzero": n_keep, "numel": mask.numel(), "packed_bytes": nbytes}
+        tensors[name] = {
+            "codebook": codebook.clone(), "valid": t.valid.clone(),
+            "window": t.window.to(torch.uint8).view(t.shape).clone(),
+            "index": k_star.to(torch.uint8).view(t.shape).clone(),
+            "mask": mask.view(t.shape).clone(),
+            # compact form: log-responsibilities of the surviving weights only, fp16
+            # (n_keep x K x 2 bytes); pruned weights never sample
+            "log_resp": log_r[mask].to(torch.float16).clone(),
+        }
+    layer_by_name = dict(layers)
+    for name in names:
+        layer_by_name[name].weight_mu.copy_(greedy[name])
+    gen = torch.Generator().manual_seed(0)
+    samples = [sample_weights(post, thetas, masks, cfg.sample_tau, gen) for _ in range(cfg.samples)]
+    greedy_res = _evaluate(model, calib, test, widths, [greedy])
+    bayes_res = _evaluate(model, calib, test, widths, samples)
+    kept = sum(int(m.sum()) for m in masks.values())
+    resp_bytes = sum(t["log_resp"].numel() * 2 for t in tensors.values())
+    posterior = {"kind": "sqs", "version": cfg.version, "bits": cfg.bits, "nonzero": cfg.nonzero,
+                 "tau": cfg.tau, "sample_tau": cfg.sample_tau, "tensors": tensors,
+                 "packed_bytes": packed, "log_resp_bytes": resp_bytes}
+    return SQSResult(before=before, greedy=greedy_res, bayes=bayes_res,
+                     rate=compression_rate(cfg.bits, cfg.nonzero),
+                     bits_per_weight=real_bits_sum / total, packed_bytes=packed,
+                     nonzero_kept=kept, total_weights=total,
+                     uncertain_fraction={k: v / max(kept, 1) for k, v in uncertain.items()},
+                     posterior=posterior, per_tensor=per_tensor)
+
+
+def sample_weights(post: dict, thetas: dict, masks: dict, sample_tau: float,
+                   generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One network from eq. 9: each surviving weight takes mu_k with probability phi_k at
+    ``sample_tau``; pruned weights are 0. Every sample stays on the codebook."""
+    out = {}
+    for name, t in post.items():
+        phi = t.phi(thetas[name], sample_tau)
+        k = torch.multinomial(phi, 1, generator=generator).squeeze(1)
+        w = t.mu.detach()[t.window, k]
+        out[name] = torch.where(masks[name], w, torch.zeros(())).view(t.shape)
+    return out
