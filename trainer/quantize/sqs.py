@@ -410,3 +410,21 @@ def sample_weights(post: dict, thetas: dict, masks: dict, sample_tau: float,
         w = t.mu.detach()[t.window, k]
         out[name] = torch.where(masks[name], w, torch.zeros(())).view(t.shape)
     return out
+
+
+def sample_from_posterior(posterior: dict, sample_tau: float, generator: torch.Generator
+                          ) -> dict[str, torch.Tensor]:
+    """eq. 9 from a checkpoint's SQS posterior (codebook, windows, mask, fp16 log-responsibilities)
+    at any sampling temperature: what an exporter needs, without the training-time modules."""
+    out = {}
+    for name, t in posterior["tensors"].items():
+        mask = t["mask"].flatten()
+        window = t["window"].flatten().long()[mask]
+        valid = t["valid"][window]
+        r = t["log_resp"].float().exp() / sample_tau
+        phi = torch.softmax(r.masked_fill(~valid, -math.inf), -1)
+        k = torch.multinomial(phi, 1, generator=generator).squeeze(1)
+        w = torch.zeros(mask.shape)
+        w[mask] = t["codebook"][window, k]
+        out[name] = w.view(t["mask"].shape)
+    return out
