@@ -17,7 +17,8 @@ import torch
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict
 from trainer.data import load_data, subset
-from trainer.quantize.sqs import _evaluate, _batches, sample_from_posterior, sqs_
+from trainer.evaluate import batches
+from trainer.quantize.sqs import _evaluate, sample_from_posterior, sqs_
 
 
 def main() -> None:
@@ -38,8 +39,8 @@ def main() -> None:
         idx = np.random.default_rng(0).permutation(len(data.train))[: args.train_subset]
         data = replace(data, train=subset(data.train, idx, augment=data.train.augment))
     widths = cfg.train.eval_widths
-    calib = _batches(data.train, cfg.data.calib_samples, cfg.seed)
-    test = _batches(data.test)
+    calib = batches(data.train, cfg.data.calib_samples, cfg.seed)
+    test = batches(data.test)
     sample_counts = [int(m) for m in args.samples.split(",")]
     print(f"checkpoint {args.checkpoint}; {cfg.data.source}; fine-tuning {args.epochs} epoch(s) "
           f"on {len(data.train)} samples; test split {len(data.test)}")

@@ -15,9 +15,17 @@ import torch
 from torch import nn
 
 from edge_sdk import metrics
+from trainer.data import calibration_subset
 from trainer.models import NestedModel
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def batches(ds, n: int | None = None, seed: int = 0, batch: int = 512) -> list:
+    """A dataset (or a seeded ``n``-sample subset of it) as a list of unshuffled batches."""
+    if n is not None:
+        ds = calibration_subset(ds, n, seed)
+    return list(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False))
 
 
 @torch.no_grad()

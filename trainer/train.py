@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from edge_sdk.errors import CheckpointError
 from trainer import checkpoint as ckpt_io
 from trainer.config import Config, config_to_dict
-from trainer.data import DataSplits, calibration_subset, load_data
-from trainer.evaluate import evaluate_widths, format_table
+from trainer.data import DataSplits, load_data
+from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
 from trainer.ordering import tau_schedule
@@ -74,13 +74,17 @@ def apply_weight_prior(model: NestedModel, cfg: Config) -> None:
                         if prior != "gaussian" else gaussian_kl(cfg.bayes.prior_sigma))
 
 
+def ordering_regularizer(model: NestedModel, cfg: Config, n_train: int) -> torch.Tensor:
+    """The ordering units' term, per training sample: (kappa / N) KL, or the ordered-l0
+    alternative (eq. 16) in its place. The quantizers keep training the units with it."""
+    if cfg.ordering.regularizer == "kl":
+        return cfg.bayes.kappa / n_train * model.ordering_kl()
+    return cfg.ordering.l0_lambda * model.ordered_l0()
+
+
 def regularizer(model: NestedModel, cfg: Config, n_train: int) -> torch.Tensor:
     """Everything in the loss except the data term, already scaled per training sample."""
-    scale = cfg.bayes.kappa / n_train
-    reg = scale * model.weight_kl()
-    if cfg.ordering.regularizer == "kl":
-        return reg + scale * model.ordering_kl()
-    return reg + cfg.ordering.l0_lambda * model.ordered_l0()
+    return cfg.bayes.kappa / n_train * model.weight_kl() + ordering_regularizer(model, cfg, n_train)
 
 
 def _loader(ds, batch_size: int, shuffle: bool, seed: int, sampler=None, workers: int = 0):
@@ -136,9 +140,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     train_loader = _loader(data.train, cfg.train.batch_size, True, cfg.seed, sampler,
                            cfg.train.num_workers)
     shuffle_gen = train_loader.generator
-    calib = list(_loader(calibration_subset(data.train, cfg.data.calib_samples, cfg.seed),
-                         256, False, 0))
-    val = list(_loader(data.val, 512, False, 0))
+    calib = batches(data.train, cfg.data.calib_samples, cfg.seed, batch=256)
+    val = batches(data.val)
     steps_per_epoch = len(train_loader)
     total_steps = steps_per_epoch * cfg.train.epochs
     sched = _scheduler(opt, cfg, total_steps, steps_per_epoch)
@@ -217,7 +220,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     result_val = result_test = {}
     if rank == 0:
         result_val = evaluate_widths(model, calib, val, cfg.train.eval_widths)
-        result_test = evaluate_widths(model, calib, list(_loader(data.test, 512, False, 0)),
+        result_test = evaluate_widths(model, calib, batches(data.test),
                                       cfg.train.eval_widths)
         metrics = {"history": history, "val": _keyed(result_val), "test": _keyed(result_test),
                    "train_seconds": time.perf_counter() - started}

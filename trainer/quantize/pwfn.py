@@ -27,10 +27,11 @@ import torch.nn.functional as F
 from edge_sdk import metrics as M
 from edge_sdk.errors import ConfigError
 from trainer.config import Config, PWFNConfig, validate
-from trainer.data import DataSplits, calibration_subset
-from trainer.evaluate import evaluate_widths
+from trainer.data import DataSplits
+from trainer.evaluate import batches, evaluate_widths
 from trainer.layers import BayesNestedLayer, _inverse_softplus
 from trainer.models import NestedModel
+from trainer.train import ordering_regularizer
 
 __all__ = ["PWFNConfig", "PWFNResult", "candidate_centres", "cluster_round", "fix_weights_",
            "pow2_sigma", "weight_entropy_bits"]
@@ -321,29 +322,20 @@ def _retrain(model: NestedModel, data: DataSplits, cfg: PWFNConfig, train_cfg: C
     loader = torch.utils.data.DataLoader(data.train, batch_size=train_cfg.train.batch_size,
                                          shuffle=True, generator=generator,
                                          drop_last=len(data.train) > train_cfg.train.batch_size)
-    scale = train_cfg.bayes.kappa / len(data.train)
+    n_train = len(data.train)
     model.set_tau(train_cfg.ordering.tau_end, hard=train_cfg.ordering.hard)
     weights = [e for e in state.entries if e.kind == "weight"]
     for _ in range(epochs):
         model.train()
         for x, y in loader:
             sig_reg = sum(F.relu(cfg.sigma_target - e.layer.weight_sigma).sum() for e in weights)
-            loss = F.cross_entropy(model(x), y) + cfg.alpha * sig_reg
-            if train_cfg.ordering.regularizer == "kl":
-                loss = loss + scale * model.ordering_kl()
-            else:
-                loss = loss + train_cfg.ordering.l0_lambda * model.ordered_l0()
+            loss = (F.cross_entropy(model(x), y) + cfg.alpha * sig_reg
+                    + ordering_regularizer(model, train_cfg, n_train))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             state.apply_()  # belt and braces: Adam cannot drift a fixed entry either way
             bar.set_postfix_str(f"loss {loss.item():.3f}", refresh=False)
-
-
-def _batches(ds, n: int | None = None, seed: int = 0, batch: int = 512) -> list:
-    if n is not None:
-        ds = calibration_subset(ds, n, seed)
-    return list(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False))
 
 
 def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
@@ -359,9 +351,9 @@ def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
     cfg = validate(cfg, "quantize.pwfn")  # a config built in code gets the YAML's checks
     train_config = train_config or Config()
     widths = train_config.train.eval_widths
-    calib = _batches(data.train, train_config.data.calib_samples, train_config.seed)
-    val = _batches(data.val)
-    test = _batches(data.test)
+    calib = batches(data.train, train_config.data.calib_samples, train_config.seed)
+    val = batches(data.val)
+    test = batches(data.test)
     before = evaluate_widths(model, calib, test, widths)
 
     model.set_weight_kl(None)

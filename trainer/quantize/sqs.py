@@ -39,10 +39,11 @@ from torch.nn.utils import parametrize
 from edge_sdk import metrics as M
 from edge_sdk.errors import ConfigError
 from trainer.config import Config, SQSConfig, validate
-from trainer.data import DataSplits, calibration_subset
-from trainer.evaluate import predict_probs, recollect_bn
+from trainer.data import DataSplits
+from trainer.evaluate import batches, predict_probs, recollect_bn
 from trainer.layers import BayesNestedLayer
 from trainer.models import NestedModel
+from trainer.train import ordering_regularizer
 
 __all__ = ["SQSConfig", "SQSResult", "SQSTensor", "compression_rate", "kmeans_1d",
            "make_windows", "prune_mask", "sqs_"]
@@ -234,12 +235,6 @@ def _layers(model: NestedModel) -> list[tuple[str, BayesNestedLayer]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)]
 
 
-def _batches(ds, n: int | None = None, seed: int = 0, batch: int = 512) -> list:
-    if n is not None:
-        ds = calibration_subset(ds, n, seed)
-    return list(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False))
-
-
 def _evaluate(model: NestedModel, calib: list, test: list, widths, weight_sets: list[dict]
               ) -> dict[float, dict[str, float]]:
     """Average the predictions of networks given as {layer name: weight tensor}; each network's
@@ -271,8 +266,8 @@ def sqs_(model: NestedModel, cfg: SQSConfig, data: DataSplits, train_config: Con
     cfg = validate(cfg, "quantize.sqs")
     train_config = train_config or Config()
     widths = train_config.train.eval_widths
-    calib = _batches(data.train, train_config.data.calib_samples, train_config.seed)
-    test = _batches(data.test)
+    calib = batches(data.train, train_config.data.calib_samples, train_config.seed)
+    test = batches(data.test)
     layers = _layers(model)
     before = _evaluate(model, calib, test, widths, [{n: l.weight_mu.detach().clone() for n, l in layers}])
 
@@ -302,7 +297,6 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
     total = cfg.epochs * len(loader)
     n = len(data.train)
     model.set_tau(train_config.ordering.tau_end, hard=train_config.ordering.hard)
-    kl_scale = train_config.bayes.kappa / n
     step = 0
     bar = tqdm(total=total, desc="SQS", disable=not progress, file=sys.stderr)
     with model.weight_mode("mean"):  # eq. 8: the data term at the mean weight
@@ -319,11 +313,8 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
                     kl = kl + t.kl(layer.parametrizations.weight_mu.original, prior_keep,
                                    cfg.prior_sigma)
                 logits = model(x)
-                loss = F.cross_entropy(logits, y) + kl / n
-                if train_config.ordering.regularizer == "kl":
-                    loss = loss + kl_scale * model.ordering_kl()
-                else:
-                    loss = loss + train_config.ordering.l0_lambda * model.ordered_l0()
+                loss = (F.cross_entropy(logits, y) + kl / n
+                        + ordering_regularizer(model, train_config, n))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
