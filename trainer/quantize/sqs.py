@@ -67,7 +67,8 @@ def make_windows(x: torch.Tensor, mode: str = "outlier", iqr_factor: float = 5.0
     if mode == "outlier":
         q1, q3 = torch.quantile(x, 0.25), torch.quantile(x, 0.75)
         lo, hi = q1 - iqr_factor * (q3 - q1), q3 + iqr_factor * (q3 - q1)
-        raw = torch.where(x < lo, 0, torch.where(x < 0, 1, torch.where(x <= hi, 2, 3)))
+        bulk = torch.where(x < 0, 1, 2)
+        raw = torch.where(x < lo, 0, torch.where(x > hi, 3, bulk))
     elif mode == "equal":
         edges = torch.linspace(float(x.min()), float(x.max()), 5, dtype=torch.float64)
         raw = torch.bucketize(x, edges[1:-1], right=True)
@@ -84,7 +85,7 @@ def make_windows(x: torch.Tensor, mode: str = "outlier", iqr_factor: float = 5.0
 def kmeans_1d(x: torch.Tensor, k: int, iters: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
     """Lloyd's k-means in one dimension, vectorised: (sorted centres [k'], assignment [n]).
 
-    k' = min(k, number of distinct values). Centres start at evenly spaced quantiles; an
+    k' <= min(k, number of distinct values): clusters left empty are dropped. Centres start at evenly spaced quantiles; an
     assignment is a ``searchsorted`` against the midpoints of the sorted centres.
     """
     x = x.detach().double()
@@ -103,8 +104,10 @@ def kmeans_1d(x: torch.Tensor, k: int, iters: int = 50) -> tuple[torch.Tensor, t
         if torch.equal(new, centres):
             break
         centres = new
+    # a cluster that ended empty is no codebook entry: drop it and reassign
     assign = torch.searchsorted((centres[1:] + centres[:-1]) / 2, x)
-    return centres, assign
+    centres = centres[torch.bincount(assign, minlength=len(centres)) > 0]
+    return centres, torch.searchsorted((centres[1:] + centres[:-1]) / 2, x)
 
 
 def _gmm_init(x: torch.Tensor, assign: torch.Tensor, k: int, floor: float
@@ -202,12 +205,17 @@ def prune_mask(scores: list[torch.Tensor], nonzero: float, scope: str = "global"
         return mask
 
     if scope == "layer":
-        return [top(s.detach().flatten(), math.floor(nonzero * s.numel())) for s in scores]
+        return [top(s.detach().flatten(), _floor(nonzero * s.numel())) for s in scores]
     if scope != "global":
         raise ConfigError(f"prune_scope must be global or layer, got {scope!r}")
     flat = torch.cat([s.detach().flatten() for s in scores])
-    mask = top(flat, math.floor(nonzero * len(flat)))
+    mask = top(flat, _floor(nonzero * len(flat)))
     return list(torch.split(mask, [s.numel() for s in scores]))
+
+
+def _floor(x: float) -> int:
+    """floor() that reads 0.29 * 100 = 28.999999999999996 as the 29 the user meant."""
+    return math.floor(x + 1e-9)
 
 
 def compression_rate(bits: int, nonzero: float) -> float:
