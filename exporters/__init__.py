@@ -1,0 +1,1 @@
+"""Workstation-side exporters: checkpoint -> per-width slices -> .tflite files + bundle manifest."""

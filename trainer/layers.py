@@ -209,6 +209,7 @@ class BayesNestedLayer(nn.Module):
                 new.running_mean.copy_(bn.running_mean[out_sl])
                 new.running_var.copy_(bn.running_var[out_sl])
                 new.num_batches_tracked.copy_(bn.num_batches_tracked)
+                new.train(bn.training)  # a truncated eval model stays in eval mode
                 self.bn = new
         if out_keep is not None:
             self.out_channels = out_keep
