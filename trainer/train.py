@@ -181,8 +181,9 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         net.train()
         seen = correct = 0
         loss_sum = 0.0
+        # disable=None: tqdm turns itself off when stderr is not a terminal (CI logs, pipes)
         bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
-                   disable=not progress or rank != 0, file=sys.stderr)
+                   disable=True if not progress or rank != 0 else None, file=sys.stderr)
         for x, y in bar:
             model.set_tau(tau_schedule(step, total_steps, cfg.ordering.tau_start,
                                        cfg.ordering.tau_end), hard=cfg.ordering.hard)

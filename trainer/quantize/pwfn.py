@@ -367,7 +367,8 @@ def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
     state = _FixedState(entries, total)
     gen = torch.Generator().manual_seed(train_config.seed)
     rounds = []
-    bar = tqdm(cfg.schedule, desc="PWFN", disable=not progress, file=sys.stderr)
+    bar = tqdm(cfg.schedule, desc="PWFN", disable=None if progress else True,
+               file=sys.stderr)
     try:
         for t, p in enumerate(bar):
             mu_all = _flat(entries, lambda e: e.mu)
@@ -395,7 +396,7 @@ def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
                    "epoch_seconds": epoch_seconds if epochs else None, "val_accuracy": acc}
             rounds.append(row)
             bar.set_postfix(fixed=f"{row['fraction']:.3f}", unique=row["unique"], acc=f"{acc:.3f}")
-            if not progress:
+            if bar.disable:  # no bar (not a terminal, or asked for none): log the round
                 log(f"PWFN round {t + 1}/{len(cfg.schedule)}: fixed {row['fraction']:.3f}, "
                     f"unique {row['unique']}, val acc {acc:.4f}, clustering {stats.seconds:.2f} s")
     finally:

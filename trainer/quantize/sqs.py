@@ -306,7 +306,7 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
     n = len(data.train)
     model.set_tau(train_config.ordering.tau_end, hard=train_config.ordering.hard)
     step = 0
-    bar = tqdm(total=total, desc="SQS", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=total, desc="SQS", disable=None if progress else True, file=sys.stderr)
     with model.weight_mode("mean"):  # eq. 8: the data term at the mean weight
         for _ in range(cfg.epochs):
             model.train()
