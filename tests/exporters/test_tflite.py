@@ -15,6 +15,7 @@ from exporters.tflite import (GraphBuilder, export_point_slice, graph_stats, pre
                               quantize_per_channel)
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
 from trainer.models import create_model, list_models
+from support import randomise
 
 torch.set_num_threads(1)
 
@@ -26,21 +27,6 @@ CASES = {
     "nested_mobilenetv2": ({"width_mult": 0.5}, (32, 32, 3)),
 }
 WIDTHS = [0.25, 0.5, 1.0]
-
-
-def randomise(model, seed):
-    """Random ordering logits and BN statistics (as tests/trainer/test_models.py), so the
-    keep-probability scales and the folded BN are far from their initial values."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for u in model.orderings() if hasattr(model, "orderings") else []:
-            u.mubar.copy_(torch.randn(u.mubar.shape, generator=g, dtype=u.mubar.dtype) * 2)
-        for m in model.modules():
-            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
-                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
 
 
 _models = {}

@@ -7,6 +7,7 @@ from edge_sdk.errors import ConfigError
 from trainer.layers import BayesNestedConv2d, BayesNestedLinear, gaussian_kl, log_uniform_kl
 from trainer.models import create_model, list_models
 from trainer.ordering import DownhillOrdering
+from support import randomise
 
 # Larger architectures at a reduced width multiplier keep the suite fast; the code paths
 # (nesting, truncation, residuals, depthwise) are the same.
@@ -20,20 +21,6 @@ CASES = {
 
 def test_every_registered_model_is_covered():
     assert {k.split("@")[0] for k in CASES} == set(list_models())
-
-
-def randomise(model, seed):
-    """Random ordering logits and BN statistics, so truncation is tested off the init point."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for u in model.orderings():
-            u.mubar.copy_(torch.randn(u.mubar.shape, generator=g, dtype=u.mubar.dtype) * 2)
-        for m in model.modules():
-            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
-                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
 
 
 _models = {}
