@@ -207,8 +207,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
                 res = evaluate_widths(model, calib, val, cfg.train.eval_widths)
                 row["val"] = _keyed(res)
                 log(f"epoch {epoch + 1}: loss {row['loss']:.4f} train acc {row['train_acc']:.4f} "
-                    + " ".join(f"| w={w:g} acc {r['accuracy']:.4f} ece {r['ece']:.4f}"
-                               for w, r in res.items()))
+                    + " ".join(f"| w={w:g} acc {r['accuracy']:.4f} nll {r['nll']:.4f} "
+                               f"ece {r['ece']:.4f}" for w, r in res.items()))
             history.append(row)
             train_state = {"epoch": epoch, "optimizer": opt.state_dict(),
                            "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
