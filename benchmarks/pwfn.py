@@ -6,6 +6,7 @@ Variants (same checkpoint, same data, same retraining budget, one process):
   posterior+strict learned sigma, the authors' code's per-weight rule
   pow2+mean        the paper's powers-of-two sigma initialisation (appendix eq. 8-9)
   uniform+mean     Table 1's "no prior" ablation
+  posterior+mean+order1  centres restricted to single powers of two (omega <= 1)
 
     python benchmarks/pwfn.py --checkpoint runs/fashion_mnist/checkpoint.pt \
         [--epochs-per-round 1] [--train-subset 10000] [--variants posterior+mean,pow2+mean]
@@ -35,6 +36,8 @@ VARIANTS = {
     "posterior+strict": dict(sigma_init="posterior", rule="strict"),
     "pow2+mean": dict(sigma_init="pow2", rule="mean"),
     "uniform+mean": dict(sigma_init="uniform", rule="mean"),
+    # omega capped at 1: every centre a single power of two (the authors' code allows 4)
+    "posterior+mean+order1": dict(sigma_init="posterior", rule="mean", max_order=1),
 }
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fashion_mnist.npz"
 
