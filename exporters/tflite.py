@@ -681,8 +681,8 @@ _EMITTERS: dict[type, Callable[[_Emitter, int, nn.Module], int]] = {
 
 
 def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
-                       weights: str = "dequantize", pow2_step: bool = False
-                       ) -> tuple[bytes, dict]:
+                       weights: str = "dequantize", pow2_step: bool = False,
+                       output_shape: Sequence[int] | None = None) -> tuple[bytes, dict]:
     """The point network of a truncated model as a ``.tflite`` flatbuffer, and facts about it.
 
     Input ``"input"``: float32 NHWC, already normalised (normalising is the runtime's job).
@@ -693,6 +693,9 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     Batch norms fold with their running statistics (eval semantics) whatever ``model.training``
     says; note ``truncate()`` returns rebuilt batch norms in training mode, so call ``eval()``
     before comparing with torch.
+
+    ``output_shape``: reshape the logits before the output (the head scope's ``[S, C]`` from a
+    classifier whose S sampled heads are stacked into one ``[S*C, in]`` FULLY_CONNECTED).
 
     ``info``: ``macs`` and ``params`` (counted from the written graph), ``ops`` (count by op),
     ``bytes``, ``tensors`` (per layer: TFLite weight shape, route, whether int8 x scale equals
@@ -717,6 +720,8 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     e = _Emitter(g, lw, {id(m): n for n, m in model.named_modules()})
     x = g.add_input(INPUT_NAME, shape)
     y = emit(e, x, model)
+    if output_shape is not None:
+        y = g.reshape(y, tuple(output_shape), name="heads")
     g.mark_output(y, OUTPUT_NAME)
     buf = g.finish()
     info = graph_stats(buf)

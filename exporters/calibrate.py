@@ -1,0 +1,72 @@
+"""Post-hoc calibration fitted on the validation split (numpy only): a temperature per
+configuration and the confidence thresholds that reach target accuracies."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from edge_sdk import metrics as M
+
+
+def _as_samples(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, dtype=np.float64)
+    return logits[None] if logits.ndim == 2 else logits  # [S, N, C]
+
+
+def predictive_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """mean_s softmax(logits_s / T): the Bayesian model average at temperature T, [N, C]."""
+    return M.softmax(_as_samples(logits) / temperature, axis=-1).mean(0)
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, lo: float = 0.05, hi: float = 20.0
+                    ) -> float:
+    """The T minimising validation NLL of the (sample-averaged) softmax at T (Guo et al.'s
+    temperature scaling; for S samples the same T divides every sample's logits).
+
+    A log-spaced grid finds the basin, golden-section search on log T refines it; T = 1 is
+    kept unless it is beaten, so an already calibrated model is left alone.
+    """
+    labels = np.asarray(labels)
+
+    def nll(log_t: float) -> float:
+        return M.nll(predictive_probs(logits, float(np.exp(log_t))), labels)
+
+    grid = np.linspace(np.log(lo), np.log(hi), 61)
+    values = [nll(g) for g in grid]
+    i = int(np.argmin(values))
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    phi = (np.sqrt(5) - 1) / 2
+    c, d = b - phi * (b - a), a + phi * (b - a)
+    fc, fd = nll(c), nll(d)
+    for _ in range(40):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - phi * (b - a)
+            fc = nll(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + phi * (b - a)
+            fd = nll(d)
+    best = (c + d) / 2
+    return float(np.exp(best)) if nll(best) < nll(0.0) else 1.0
+
+
+def confidence_thresholds(probs: np.ndarray, labels: np.ndarray,
+                          targets: Sequence[float] = (0.9, 0.95, 0.99)) -> dict[str, float | None]:
+    """For each target accuracy, the lowest confidence c such that the predictions with
+    confidence >= c are at least that accurate on validation (the largest such coverage);
+    None when no non-empty set of confident predictions reaches it."""
+    probs, labels = np.asarray(probs), np.asarray(labels)
+    conf = probs.max(1)
+    correct = probs.argmax(1) == labels
+    order = np.argsort(-conf, kind="stable")
+    conf, correct = conf[order], correct[order]
+    cum_acc = np.cumsum(correct) / np.arange(1, len(correct) + 1)
+    # only cut between distinct confidences: samples tied at c are all in or all out
+    last_of_value = np.r_[conf[1:] != conf[:-1], True]
+    out = {}
+    for t in targets:
+        ok = np.nonzero((cum_acc >= t) & last_of_value)[0]
+        out[f"{t:g}"] = float(conf[ok[-1]]) if len(ok) else None
+    return out

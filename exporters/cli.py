@@ -1,0 +1,48 @@
+"""``edge-sdk export``: checkpoint -> bundle (registered under ``edge_sdk.commands``)."""
+from __future__ import annotations
+
+import argparse
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
+def export_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="edge-sdk export",
+        description="Cut a trained or quantized checkpoint into per-width TFLite slices (point, "
+                    "sampled-head and fully sampled scopes), calibrate them on the validation "
+                    "split, measure them on test data and write a bundle. The last line "
+                    "printed is the bundle path.")
+    p.add_argument("checkpoint")
+    p.add_argument("--out", required=True, help="bundle directory to create")
+    p.add_argument("--widths", type=_floats, default=[0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
+    p.add_argument("--scope", default="point,head,all",
+                   help="comma-separated subset of point,head,all")
+    p.add_argument("--weights", choices=["dequantize", "float"], default="dequantize")
+    p.add_argument("--eval-data", default=None,
+                   help="data source for the test metrics (default: the checkpoint's test split)")
+    p.add_argument("--ood-data", default=None,
+                   help="out-of-distribution source for OOD AUROC, e.g. npz:notmnist_test.npz")
+    p.add_argument("--max-eval", type=int, default=None, help="cap evaluated samples per split")
+    p.add_argument("--no-measure", action="store_true", help="skip latency and memory runs")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.samples < 1:
+        p.error("--samples must be >= 1")
+
+    from exporters.export import ExportOptions, export_bundle
+
+    opts = ExportOptions(widths=args.widths, samples=args.samples,
+                         scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
+                         weights=args.weights, measure=not args.no_measure, force=args.force,
+                         eval_data=args.eval_data, ood_data=args.ood_data,
+                         max_eval=args.max_eval)
+    print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
+    return 0

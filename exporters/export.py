@@ -1,0 +1,203 @@
+"""Checkpoint -> bundle: per-width slices in three scopes, calibrated on validation, measured on
+untouched test data, written atomically through ``edge_sdk.bundle``.
+
+Scopes per width (the exporter issue's "Posterior samples"):
+  point  the posterior's point estimate (PWFN: codebook means; SQS: pruned greedy weights)
+  head   the point backbone with S sampled classifiers stacked in one graph: [S, C] per invoke
+  all    S fully sampled slices, each with its own BN statistics: S invokes
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from edge_sdk import metrics as M
+from edge_sdk.errors import ConfigError
+from exporters.calibrate import confidence_thresholds, fit_temperature, predictive_probs
+from exporters.measure import latency_ms, memory_mb, run_tflite
+from exporters.slice import (make_slice, posterior_kind, posterior_samples, sliced_heads,
+                             stack_heads)
+from exporters.tflite import export_point_slice
+from trainer import checkpoint as ckpt_io
+from trainer.config import config_from_dict
+from trainer.data import ArrayDataset, load_data, load_ood
+from trainer.evaluate import batches
+from trainer.layers import BayesNestedLayer
+
+SCOPES = ("point", "head", "all")
+
+
+@dataclass
+class ExportOptions:
+    widths: Sequence[float] = (0.25, 0.5, 0.75, 1.0)
+    samples: int = 8  # posterior samples per width for the head and all scopes
+    scopes: Sequence[str] = SCOPES
+    weights: str = "dequantize"  # int8 per-channel + DEQUANTIZE, or "float"
+    targets: Sequence[float] = (0.9, 0.95, 0.99)  # accuracies the thresholds are fitted for
+    measure: bool = True  # host latency and memory (tests switch it off)
+    force: bool = False  # replace an existing bundle
+    seed: int = 0
+    eval_data: str | None = None  # default: the checkpoint's own test split
+    ood_data: str | None = None
+    max_eval: int | None = None  # cap on evaluated samples (quick runs, tests)
+    extra_source: dict = field(default_factory=dict)
+
+
+def _nhwc(ds: ArrayDataset, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    x, y = ds.x, ds.y
+    if limit is not None:
+        x, y = x[:limit], y[:limit]
+    return x.permute(0, 2, 3, 1).contiguous().numpy(), y.numpy()
+
+
+def _logits(files: list[bytes], scope: str, xs: np.ndarray) -> np.ndarray:
+    """[S, N, C] logits of a configuration on NHWC inputs, through the interpreter."""
+    if scope == "head":
+        return np.transpose(run_tflite(files[0], xs), (1, 0, 2))  # [N, S, C] -> [S, N, C]
+    return np.stack([run_tflite(f, xs)[:, 0] for f in files])
+
+
+def _quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
+             ood_logits: np.ndarray | None) -> dict[str, float]:
+    probs_s = M.softmax(np.asarray(logits, np.float64) / temperature, axis=-1)
+    probs = probs_s.mean(0)
+    row = {k: float(v) for k, v in M.summarize(probs, labels).items()}
+    row["mutual_info"] = float(M.mutual_information(probs_s).mean())
+    if ood_logits is not None:
+        ood_probs = M.softmax(np.asarray(ood_logits, np.float64) / temperature, axis=-1)
+        row["ood_auroc"] = float(M.ood_auroc(M.predictive_entropy(probs_s),
+                                             M.predictive_entropy(ood_probs)))
+    return row
+
+
+def _unique_values(model, kind: str) -> int | None:
+    """Distinct weight values of a point slice before BN folding (codebook entries in use)."""
+    if kind == "gaussian":
+        return None
+    vals = [m.weight_mu.detach().flatten() for m in model.modules()
+            if isinstance(m, BayesNestedLayer)]
+    if kind == "pwfn":
+        vals += [m.bias.detach().flatten() for m in model.modules()
+                 if isinstance(m, BayesNestedLayer) and m.bias is not None]
+    return int(torch.unique(torch.cat(vals)).numel())
+
+
+def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions | None = None,
+                  *, progress: bool = True, log=print) -> Path:
+    """Write the bundle for ``checkpoint`` into ``out``; return its path."""
+    from tqdm import tqdm
+
+    from edge_sdk import bundle as B
+
+    opts = opts or ExportOptions()
+    bad = sorted(set(opts.scopes) - set(SCOPES))
+    if bad or not opts.scopes:
+        raise ConfigError(f"scopes must be a non-empty subset of {', '.join(SCOPES)}, got {bad}")
+    if Path(out).exists() and not opts.force:
+        raise B.BundleError(f"{out} exists; pass --force to replace it")
+    torch.manual_seed(opts.seed)
+    ckpt = ckpt_io.load_checkpoint(checkpoint)
+    kind = posterior_kind(ckpt)
+    cfg = config_from_dict(ckpt["config"])
+    model = ckpt_io.model_from_checkpoint(ckpt)
+    for w in opts.widths:
+        model.check_width(w)
+    data = load_data(cfg.data)
+    spec = data.spec
+    calib = batches(data.train, cfg.data.calib_samples, cfg.seed, batch=256)
+    val_x, val_y = _nhwc(data.val, opts.max_eval)
+    test_ds = data.test if opts.eval_data is None else load_ood(opts.eval_data, spec)
+    test_x, test_y = _nhwc(test_ds, opts.max_eval)
+    ood_x = None
+    if opts.ood_data is not None:
+        ood_x, _ = _nhwc(load_ood(opts.ood_data, spec), opts.max_eval)
+    shape = list(spec.shape)
+    classes = len(spec.classes)
+    samples = posterior_samples(model, ckpt, opts.samples, opts.seed) \
+        if {"head", "all"} & set(opts.scopes) else []
+
+    configs, files = [], {}
+    plan = [(w, s) for w in opts.widths for s in SCOPES if s in opts.scopes]
+    bar = tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
+    point = None
+    for w, scope in bar:
+        bar.set_postfix_str(f"width {w:g} {scope}")
+        if scope == "point" or point is None or point.truncated_width != w:
+            point = make_slice(model, w, calib)
+        if scope == "point":
+            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
+            unique = _unique_values(point, kind)
+        elif scope == "head":
+            heads = stack_heads(point, sliced_heads(model, samples, w))
+            blobs = [export_point_slice(heads, shape, opts.weights,
+                                        output_shape=[opts.samples, classes])]
+            unique = None
+        else:
+            blobs = [export_point_slice(make_slice(model, w, calib, s), shape, opts.weights)
+                     for s in samples]
+            unique = None
+        S = 1 if scope == "point" else opts.samples
+        cid = f"w{w:.2f}-{scope}" + ("" if scope == "point" else str(S))
+        names = [f"{cid}.tflite"] if len(blobs) == 1 else \
+            [f"{cid}-s{i}.tflite" for i in range(len(blobs))]
+        bufs = [b for b, _ in blobs]
+        info = blobs[0][1]
+        val_logits = _logits(bufs, scope, val_x)
+        temperature = fit_temperature(val_logits, val_y)
+        val_probs = predictive_probs(val_logits, temperature)
+        test_logits = _logits(bufs, scope, test_x)
+        ood_logits = None if ood_x is None else _logits(bufs, scope, ood_x)
+        latency = memory = None
+        if opts.measure:
+            per_file = [latency_ms(b, test_x[0]) for b in bufs]
+            latency = float(sum(per_file))  # all scope: S invokes per prediction
+            weight_bytes = sum(i["params"] for _, i in blobs)  # int8: a byte per weight
+            memory = float(sum(memory_mb(b, weight_bytes // len(bufs)) for b in bufs))
+        for name, b in zip(names, bufs):
+            files[name] = b
+        configs.append(dict(
+            id=cid, width=float(w), scope=scope, samples=S,
+            files=[B.file_entry(n, b).to_dict() for n, b in zip(names, bufs)],
+            invokes=len(bufs),
+            output={"kind": "logits", "shape": [S if scope == "head" else 1, classes]},
+            temperature=float(temperature), temperature_folded=False, weights=opts.weights,
+            macs=int(info["macs"]), params=int(info["params"]), unique_values=unique,
+            thresholds=confidence_thresholds(val_probs, val_y, opts.targets),
+            val_nll=float(M.nll(val_probs, val_y)),
+            test={"raw": _quality(test_logits, test_y, 1.0, ood_logits),
+                  "calibrated": _quality(test_logits, test_y, temperature, ood_logits)},
+            latency_ms=latency, memory_mb=memory))
+    bar.close()
+    sd = spec.to_dict()
+    manifest = B.Manifest.from_dict({
+        "schema_version": B.SCHEMA_VERSION,
+        "input": {k: sd[k] for k in ("shape", "layout", "dtype", "value_range", "mean", "std")},
+        "labels": list(spec.classes),
+        "source": {"checkpoint": Path(checkpoint).name,
+                   "checkpoint_sha256": hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest(),
+                   "posterior": kind, "architecture": ckpt["arch"]["name"],
+                   "eval_data": opts.eval_data or "test split", "ood_data": opts.ood_data,
+                   **opts.extra_source},
+        "configurations": configs})
+    path = B.write_bundle(out, manifest, files, force=opts.force)
+    log(summary(manifest))
+    return path
+
+
+def summary(manifest) -> str:
+    lines = [f"{'configuration':<16}{'acc':>7}{'acc T':>7}{'ece':>7}{'ece T':>7}{'T':>6}"
+             f"{'MACs':>10}{'KiB':>8}{'ms':>8}{'MB':>7}"]
+    for c in manifest.configurations:
+        raw, cal = c.test["raw"], c.test["calibrated"]
+        kib = sum(f.bytes for f in c.files) / 1024
+        ms = "-" if c.latency_ms is None else f"{c.latency_ms:.3f}"
+        mb = "-" if c.memory_mb is None else f"{c.memory_mb:.1f}"
+        lines.append(f"{c.id:<16}{raw['accuracy']:>7.4f}{cal['accuracy']:>7.4f}{raw['ece']:>7.4f}"
+                     f"{cal['ece']:>7.4f}{c.temperature:>6.2f}{c.macs:>10}{kib:>8.1f}{ms:>8}{mb:>7}")
+    return "\n".join(lines)
