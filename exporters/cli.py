@@ -25,6 +25,8 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--scope", default="point,head,all",
                    help="comma-separated subset of point,head,all")
     p.add_argument("--weights", choices=["dequantize", "float"], default="dequantize")
+    p.add_argument("--calib-data", default=None,
+                   help="data source for BN re-collection (default: the training split)")
     p.add_argument("--eval-data", default=None,
                    help="data source for the test metrics (default: the checkpoint's test split)")
     p.add_argument("--ood-data", default=None,
@@ -42,7 +44,8 @@ def export_main(argv: list[str]) -> int:
     opts = ExportOptions(widths=args.widths, samples=args.samples,
                          scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
                          weights=args.weights, measure=not args.no_measure, force=args.force,
-                         eval_data=args.eval_data, ood_data=args.ood_data,
+                         calib_data=args.calib_data, eval_data=args.eval_data,
+                         ood_data=args.ood_data,
                          max_eval=args.max_eval)
     print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
     return 0

@@ -43,6 +43,7 @@ class ExportOptions:
     measure: bool = True  # host latency and memory (tests switch it off)
     force: bool = False  # replace an existing bundle
     seed: int = 0
+    calib_data: str | None = None  # BN re-collection source; default: the training split
     eval_data: str | None = None  # default: the checkpoint's own test split
     ood_data: str | None = None
     max_eval: int | None = None  # cap on evaluated samples (quick runs, tests)
@@ -88,6 +89,19 @@ def _unique_values(model, kind: str) -> int | None:
     return int(torch.unique(torch.cat(vals)).numel())
 
 
+def _compression(ckpt: dict, kind: str) -> dict:
+    m = ckpt.get("metrics") or {}
+    if kind == "pwfn":
+        q = m.get("pwfn", {})
+        return {"unique_values": q.get("unique_values"), "entropy_bits": q.get("entropy_bits"),
+                "packed_checkpoint_bytes": q.get("packed_bytes")}
+    if kind == "sqs":
+        q = m.get("sqs", {})
+        return {"paper_rate": q.get("rate"), "bits_per_weight": q.get("bits_per_weight"),
+                "packed_checkpoint_bytes": q.get("packed_bytes")}
+    return {}
+
+
 def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions | None = None,
                   *, progress: bool = True, log=print) -> Path:
     """Write the bundle for ``checkpoint`` into ``out``; return its path."""
@@ -110,7 +124,8 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
         model.check_width(w)
     data = load_data(cfg.data)
     spec = data.spec
-    calib = batches(data.train, cfg.data.calib_samples, cfg.seed, batch=256)
+    calib_ds = data.train if opts.calib_data is None else load_ood(opts.calib_data, spec)
+    calib = batches(calib_ds, min(cfg.data.calib_samples, len(calib_ds)), cfg.seed, batch=256)
     val_x, val_y = _nhwc(data.val, opts.max_eval)
     test_ds = data.test if opts.eval_data is None else load_ood(opts.eval_data, spec)
     test_x, test_y = _nhwc(test_ds, opts.max_eval)
@@ -122,7 +137,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     samples = posterior_samples(model, ckpt, opts.samples, opts.seed) \
         if {"head", "all"} & set(opts.scopes) else []
 
-    configs, files = [], {}
+    configs, files, weight_notes = [], {}, {}
     plan = [(w, s) for w in opts.widths for s in SCOPES if s in opts.scopes]
     bar = tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
     point = None
@@ -161,6 +176,9 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
             memory = float(sum(memory_mb(b, weight_bytes // len(bufs)) for b in bufs))
         for name, b in zip(names, bufs):
             files[name] = b
+        weight_notes[cid] = {
+            "float_fallback": sorted({t for _, i in blobs for t in i["float_fallback"]}),
+            "int8_max_rel_error": max(r["max_rel_error"] for _, i in blobs for r in i["tensors"])}
         configs.append(dict(
             id=cid, width=float(w), scope=scope, samples=S,
             files=[B.file_entry(n, b).to_dict() for n, b in zip(names, bufs)],
@@ -183,6 +201,13 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
                    "checkpoint_sha256": hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest(),
                    "posterior": kind, "architecture": ckpt["arch"]["name"],
                    "eval_data": opts.eval_data or "test split", "ood_data": opts.ood_data,
+                   "calib_data": opts.calib_data or "training split",
+                   # compression three ways, never conflated: the quantizer's own figures here,
+                   # the .tflite bytes in each configuration's files
+                   "compression": _compression(ckpt, kind),
+                   # per configuration: tensors kept float because the int8 grid could not be
+                   # exact (PWFN), and the largest relative move the int8 grid made
+                   "weights": weight_notes,
                    **opts.extra_source},
         "configurations": configs})
     path = B.write_bundle(out, manifest, files, force=opts.force)
