@@ -89,6 +89,23 @@ def _unique_values(model, kind: str) -> int | None:
     return int(torch.unique(torch.cat(vals)).numel())
 
 
+def snapped_widths(model, widths: Sequence[float], log=print) -> list[float]:
+    """The widths the slices really have: each request snapped up to a group boundary (as
+    slicing does), duplicates dropped, so the manifest never misstates what a file runs."""
+    units = model.orderings()
+    out = []
+    for w in widths:
+        model.check_width(w)  # ConfigError below the frozen groups or outside (0, 1]
+        real = max((u.groups_for_width(w) / u.groups for u in units), default=1.0)
+        if real in out:
+            log(f"width {w:g} is the same network as width {real:g}: exported once")
+            continue
+        if abs(real - w) > 1e-9:
+            log(f"width {w:g} snapped up to the group boundary {real:g}")
+        out.append(real)
+    return out
+
+
 def _compression(ckpt: dict, kind: str) -> dict:
     m = ckpt.get("metrics") or {}
     if kind == "pwfn":
@@ -113,6 +130,9 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     bad = sorted(set(opts.scopes) - set(SCOPES))
     if bad or not opts.scopes:
         raise ConfigError(f"scopes must be a non-empty subset of {', '.join(SCOPES)}, got {bad}")
+    if not isinstance(opts.samples, int) or opts.samples < 1:
+        raise ConfigError(f"samples must be an integer >= 1 (posterior samples per width), got "
+                          f"{opts.samples!r}")
     if Path(out).exists() and not opts.force:
         raise B.BundleError(f"{out} exists; pass --force to replace it")
     torch.manual_seed(opts.seed)
@@ -120,8 +140,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     kind = posterior_kind(ckpt)
     cfg = config_from_dict(ckpt["config"])
     model = ckpt_io.model_from_checkpoint(ckpt)
-    for w in opts.widths:
-        model.check_width(w)
+    widths = snapped_widths(model, opts.widths, log)
     data = load_data(cfg.data)
     spec = data.spec
     calib_ds = data.train if opts.calib_data is None else load_ood(opts.calib_data, spec)
@@ -138,7 +157,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
         if {"head", "all"} & set(opts.scopes) else []
 
     configs, files, weight_notes = [], {}, {}
-    plan = [(w, s) for w in opts.widths for s in SCOPES if s in opts.scopes]
+    plan = [(w, s) for w in widths for s in SCOPES if s in opts.scopes]
     bar = tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
     point = None
     for w, scope in bar:
