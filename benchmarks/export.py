@@ -15,7 +15,9 @@ import torch
 
 from edge_sdk.bundle import read_manifest
 from exporters.export import ExportOptions, export_bundle
+from exporters.measure import latency_ms, run_tflite
 from exporters.slice import make_slice
+from exporters.tflite import export_point_slice
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict
 from trainer.data import load_data
@@ -77,6 +79,19 @@ def main() -> None:
               f"{'-' if ood is None else f'{ood:.4f}':>7}{c.memory_mb:>6.1f}")
     print("\ntorch ms = eager point slice per invoke x invokes (the head scope's torch figure is "
           "the point slice's); T = fitted temperature; MI = mean mutual information")
+
+    # int8 weights: DEQUANTIZE -> float op (exact, the default) vs hybrid ops, same slices
+    print(f"\n{'width':>6}{'dequantize ms':>15}{'hybrid ms':>11}{'hybrid/dequantize':>19}"
+          f"{'hybrid max rel diff':>21}")
+    xs = x.permute(0, 2, 3, 1).numpy()
+    for w in sorted(torch_ms):
+        sl = make_slice(model, w, calib)
+        bufs = {r: export_point_slice(sl, [1, *xs.shape[1:]], r)[0] for r in ("dequantize", "hybrid")}
+        ms = {r: latency_ms(b, xs[0], 200) for r, b in bufs.items()}
+        outs = {r: run_tflite(b, data.test.x[:200].permute(0, 2, 3, 1).numpy()) for r, b in bufs.items()}
+        diff = abs(outs["hybrid"] - outs["dequantize"]).max() / abs(outs["dequantize"]).max()
+        print(f"{w:>6.3g}{ms['dequantize']:>15.3f}{ms['hybrid']:>11.3f}"
+              f"{ms['hybrid'] / ms['dequantize']:>18.2f}x{diff:>21.4f}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
     p.add_argument("--scope", default="point,head,all",
                    help="comma-separated subset of point,head,all")
-    p.add_argument("--weights", choices=["dequantize", "float"], default="dequantize")
+    p.add_argument("--weights", choices=["dequantize", "hybrid", "float"], default="dequantize",
+                   help="int8 weights via DEQUANTIZE (exact, default), as hybrid int8 ops, or float")
     p.add_argument("--calib-data", default=None,
                    help="data source for BN re-collection (default: the training split)")
     p.add_argument("--eval-data", default=None,

@@ -37,7 +37,7 @@ __all__ = ["ChannelQuant", "GraphBuilder", "LayerWeights", "QuantizedTensor", "S
 SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
-WEIGHT_ROUTES = ("dequantize", "float")
+WEIGHT_ROUTES = ("dequantize", "hybrid", "float")
 
 _OP = schema.BuiltinOperator
 _OP_NAMES = {v: k for k, v in vars(_OP).items() if not k.startswith("_")}
@@ -290,11 +290,24 @@ class GraphBuilder:
         return self._op(_OP.DEQUANTIZE, [t], self._shapes[t], name,
                         schema.BuiltinOptions.DequantizeOptions, schema.DequantizeOptionsT())
 
+    def _filter(self, t: int, what: str, rank: int) -> tuple[int, ...]:
+        """A float32 filter, or an int8 per-channel (axis 0) one: the hybrid route, where the
+        kernel quantizes activations on the fly and the version marks it (see _version)."""
+        if self._dtypes[t] == np.int8:
+            q = self._quant[t]
+            if q is None or q.axis != 0:
+                raise ConfigError(f"{what}: an int8 filter needs per-channel quantization on "
+                                  "axis 0")
+            if len(self._shapes[t]) != rank:
+                raise ConfigError(f"{what} must have rank {rank}, got {self._shapes[t]}")
+            return self._shapes[t]
+        return self._float_input(t, what, rank)
+
     def conv2d(self, x: int, filt: int, bias: int | None, *, stride: int = 1,
                padding: str = "SAME", activation: str | None = None, name: str) -> int:
         """``filt``: OHWI ``[C_out, kh, kw, C_in]`` (issue: torch OIHW -> ``permute(0,2,3,1)``)."""
         n, h, w, c = self._float_input(x, f"{name}: CONV_2D input", 4)
-        o, kh, kw, i = self._float_input(filt, f"{name}: CONV_2D filter", 4)
+        o, kh, kw, i = self._filter(filt, f"{name}: CONV_2D filter", 4)
         if i != c:
             raise ConfigError(f"{name}: filter has {i} input channels, the input has {c}")
         opts = schema.Conv2DOptionsT()
@@ -325,7 +338,7 @@ class GraphBuilder:
                         activation: str | None = None, name: str) -> int:
         """``x``: ``[N, in]``; ``weights``: ``[out, in]`` (the torch layout)."""
         n, i = self._float_input(x, f"{name}: FULLY_CONNECTED input", 2)
-        o, wi = self._float_input(weights, f"{name}: FULLY_CONNECTED weights", 2)
+        o, wi = self._filter(weights, f"{name}: FULLY_CONNECTED weights", 2)
         if wi != i:
             raise ConfigError(f"{name}: weights take {wi} inputs, the input has {i}")
         opts = schema.FullyConnectedOptionsT()
@@ -411,6 +424,14 @@ class GraphBuilder:
             if self._dtypes[src] == np.int8:
                 per_channel = len(q.scale) > 1 and len(q.scale) == self._shapes[src][q.axis]
                 return 5 if per_channel else 2
+        if op.code in (_OP.CONV_2D, _OP.FULLY_CONNECTED) and self._dtypes[op.inputs[1]] == np.int8:
+            # (issue) hybrid: CONV_2D 2 (per-tensor) / 5 (per-channel); FULLY_CONNECTED 3 /
+            # 12 (tflite-runtime 2.14 computes per-channel hybrid FC wrongly below v12)
+            w = op.inputs[1]
+            per_channel = len(self._quant[w].scale) > 1
+            if op.code == _OP.CONV_2D:
+                return 5 if per_channel else 2
+            return 12 if per_channel else 3
         return 1
 
     def finish(self, signature_key: str = SIGNATURE_KEY,
@@ -504,7 +525,7 @@ class LayerWeights:
     bias: np.ndarray  # float32 [out]; biases always stay float32 (issue)
     fold_scale: np.ndarray  # float32 [out]
     quant: QuantizedTensor | None
-    route: str  # "dequantize" | "float"
+    route: str  # "dequantize" | "hybrid" | "float"
 
     @property
     def exact(self) -> bool | None:
@@ -532,7 +553,7 @@ def prepare_weights(model: NestedModel, weights: str = "dequantize",
         w, b = fold_layer(layer)
         fs = fold_scale(layer)
         quant = None
-        if weights == "dequantize":
+        if weights in ("dequantize", "hybrid"):
             if pow2_step:
                 mu = layer.weight_mu.detach().cpu().numpy()
                 quant = quantize_per_channel(mu, 0, pow2_step=True, channel_scale=fs)
@@ -542,7 +563,10 @@ def prepare_weights(model: NestedModel, weights: str = "dequantize",
                     quant = None  # cannot be exact: keep float (issue)
             else:
                 quant = quantize_per_channel(w, 0)
-        out[name] = LayerWeights(name, w, b, fs, quant, "float" if quant is None else "dequantize")
+        route = "float" if quant is None else weights
+        if route == "hybrid" and getattr(layer, "depthwise", False):
+            route = "dequantize"  # depthwise filters stay on the DEQUANTIZE route (see _weight)
+        out[name] = LayerWeights(name, w, b, fs, quant, route)
     return out
 
 
@@ -562,6 +586,11 @@ class _Emitter:
         lw = self.weights[name]
         if lw.quant is None:
             wt = self.g.add_const(to_tflite(lw.weight), f"{name}/weight")
+        elif lw.route == "hybrid":
+            # int8 filter straight into CONV_2D / FULLY_CONNECTED: the kernel quantizes the
+            # activations per invoke (dynamic range) and runs an int8 matmul
+            wt = self.g.add_const(to_tflite(lw.quant.values), f"{name}/weight_int8",
+                                  ChannelQuant(lw.quant.scale, axis))
         else:
             # (issue) per-channel int8: quantized_dimension 0 for CONV_2D/FULLY_CONNECTED
             # filters, 3 for DEPTHWISE_CONV_2D; the float op reads the DEQUANTIZE output.
@@ -689,7 +718,9 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
 
     Input ``"input"``: float32 NHWC, already normalised (normalising is the runtime's job).
     Output ``"logits"``: ``[N, num_classes]``. Signature ``serving_default``. ``weights``:
-    ``"dequantize"`` (int8 per-channel + DEQUANTIZE) or ``"float"``; ``pow2_step``: see
+    ``"dequantize"`` (int8 per-channel + DEQUANTIZE), ``"hybrid"`` (int8 filters straight into
+    CONV_2D / FULLY_CONNECTED, activations quantized per invoke; depthwise filters stay on the
+    DEQUANTIZE route) or ``"float"``; ``pow2_step``: see
     :func:`prepare_weights`.
 
     Batch norms fold with their running statistics (eval semantics) whatever ``model.training``
@@ -729,7 +760,7 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     info = graph_stats(buf)
     info.update(bytes=len(buf), weights=weights, pow2_step=pow2_step, tensors=e.records,
                 float_fallback=[r["layer"] for r in e.records
-                                if pow2_step and weights == "dequantize" and r["route"] == "float"],
+                                if pow2_step and weights != "float" and r["route"] == "float"],
                 input={"name": INPUT_NAME, "shape": list(shape)},
                 output={"name": OUTPUT_NAME, "shape": list(g.shape(y))})
     return buf, info

@@ -11,8 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from edge_sdk.errors import ConfigError
 from exporters.fold import fold_affine, fold_layer, fold_scale
-from exporters.tflite import (GraphBuilder, export_point_slice, graph_stats, prepare_weights,
-                              quantize_per_channel)
+from exporters.tflite import (ChannelQuant, GraphBuilder, export_point_slice, graph_stats,
+                              prepare_weights, quantize_per_channel)
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
 from trainer.models import create_model, list_models
 from support import randomise
@@ -408,3 +408,67 @@ def test_plain_quantizer_error_and_range():
     assert not quantize_per_channel(rng.standard_normal((4, 9)), axis=0, pow2_step=True).exact
     with pytest.raises(ConfigError, match="axis"):
         quantize_per_channel(w, axis=4)
+
+
+# ------------------------------------------------------------------------------ hybrid route
+def _op_versions(buf):
+    m = schema.ModelT.InitFromPackedBuf(buf, 0)
+    codes = {i: c.builtinCode for i, c in enumerate(m.operatorCodes)}
+    versions = {i: c.version for i, c in enumerate(m.operatorCodes)}
+    return [(codes[op.opcodeIndex], versions[op.opcodeIndex], list(op.inputs))
+            for op in m.subgraphs[0].operators], m.subgraphs[0].tensors
+
+
+def test_hybrid_fully_connected_matches_emulated_kernels():
+    """Hybrid FULLY_CONNECTED quantizes each input row to int8 per invoke, multiplies in int32
+    with the int8 weights and rescales by input scale x channel scale. Measured here: the
+    builtin kernel quantizes symmetrically (scale max|x|/127), XNNPACK (LiteRT's default
+    delegate) asymmetrically (scale (max-min)/255 over [min(x,0), max(x,0)], a zero point)."""
+    from ai_edge_litert.interpreter import OpResolverType
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    q = quantize_per_channel(w, 0)
+    g = GraphBuilder()
+    inp = g.add_input("input", x.shape)
+    wt = g.add_const(q.values, "w", ChannelQuant(q.scale, 0))
+    g.mark_output(g.fully_connected(inp, wt, g.add_const(b, "b"), name="fc"), "logits")
+    buf = g.finish()
+    ((code, version, _),), _ = _op_versions(buf)
+    assert (code, version) == (schema.BuiltinOperator.FULLY_CONNECTED, 12)
+    qw = q.values.astype(np.float64)
+
+    sx = np.abs(x).max(1, keepdims=True) / 127
+    symmetric = (np.clip(np.round(x / sx), -127, 127) @ qw.T) * sx * q.scale[None] + b
+    lo, hi = np.minimum(x.min(1, keepdims=True), 0), np.maximum(x.max(1, keepdims=True), 0)
+    sa = (hi - lo) / 255
+    zp = np.clip(np.round(-128 - lo / sa), -128, 127)
+    asymmetric = ((np.clip(np.round(x / sa) + zp, -128, 127) - zp) @ qw.T) * sa * q.scale[None] + b
+
+    builtin = Interpreter(model_content=buf, num_threads=1, experimental_op_resolver_type=
+                          OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    for interp, emulated in [(Interpreter(model_content=buf, num_threads=1), asymmetric),
+                             (builtin, symmetric)]:
+        out = interp.get_signature_runner("serving_default")(input=x)["logits"]
+        assert np.abs(out - emulated).max() <= 1e-5 * np.abs(emulated).max()
+        assert np.abs(out - (x @ q.dequantize().T + b)).max() > 1e-3  # inputs really quantized
+
+
+@pytest.mark.parametrize("case", ["nested_cnn_small@28", "nested_mobilenetv2", "nested_vgg"])
+def test_hybrid_route_runs_every_model_close_to_the_float_network(case):
+    small = model_for(case).truncate(1.0).eval()
+    x = inputs(case)
+    buf, info = export_point_slice(small, x.shape, weights="hybrid")
+    ops, tensors = _op_versions(buf)
+    int8 = {i for i, t in enumerate(tensors) if t.type == schema.TensorType.INT8}
+    for code, version, ins in ops:
+        if code in (schema.BuiltinOperator.CONV_2D, schema.BuiltinOperator.FULLY_CONNECTED):
+            assert ins[1] in int8 and version == (5 if code == schema.BuiltinOperator.CONV_2D else 12)
+        if code == schema.BuiltinOperator.DEPTHWISE_CONV_2D:
+            assert ins[1] not in int8 and version == 1  # depthwise stays on DEQUANTIZE
+    routes = {t["route"] for t in info["tensors"]}
+    assert "hybrid" in routes and routes <= {"hybrid", "dequantize"}
+    # activations are quantized per invoke: close to, not equal to, the float network
+    assert 0 < rel_err(run_tflite(buf, x), run_torch(small, x)) < 0.1
