@@ -482,6 +482,9 @@ class Configuration(_Record):
     macs: int
     params: int
     unique_values: int | None = None
+    # entropy in bits over the exact weight values of the slice (before folding); None when not
+    # quantized
+    weight_entropy_bits: float | None = None
     thresholds: dict[str, float | None]
     val_nll: float
     test: dict[str, dict[str, float]]
@@ -537,6 +540,8 @@ class Configuration(_Record):
         out["unique_values"] = (
             None if uv is None else _int(uv, _join(path, "unique_values"), minimum=0)
         )
+        out["weight_entropy_bits"] = _optional_float(
+            v["weight_entropy_bits"], _join(path, "weight_entropy_bits"), ge=0.0)
         out["thresholds"] = _thresholds(v["thresholds"], _join(path, "thresholds"))
         out["val_nll"] = _float(v["val_nll"], _join(path, "val_nll"), ge=0.0)
         out["test"] = _test_metrics(v["test"], _join(path, "test"))

@@ -77,16 +77,19 @@ def _quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
     return row
 
 
-def _unique_values(model, kind: str) -> int | None:
-    """Distinct weight values of a point slice before BN folding (codebook entries in use)."""
+def _codebook_stats(model, kind: str) -> tuple[int | None, float | None]:
+    """Distinct weight values of a point slice before BN folding (codebook entries in use) and
+    the entropy in bits over them (PWFN counts biases too: they are on its codebook)."""
     if kind == "gaussian":
-        return None
+        return None, None
     vals = [m.weight_mu.detach().flatten() for m in model.modules()
             if isinstance(m, BayesNestedLayer)]
     if kind == "pwfn":
         vals += [m.bias.detach().flatten() for m in model.modules()
                  if isinstance(m, BayesNestedLayer) and m.bias is not None]
-    return int(torch.unique(torch.cat(vals)).numel())
+    _, counts = torch.unique(torch.cat(vals), return_counts=True)
+    p = counts.double() / counts.sum()
+    return int(len(counts)), float(-(p * torch.log2(p)).sum())
 
 
 def snapped_widths(model, widths: Sequence[float], log=print) -> list[float]:
@@ -166,16 +169,16 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
             point = make_slice(model, w, calib)
         if scope == "point":
             blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
-            unique = _unique_values(point, kind)
+            unique, entropy = _codebook_stats(point, kind)
         elif scope == "head":
             heads = stack_heads(point, sliced_heads(model, samples, w))
             blobs = [export_point_slice(heads, shape, opts.weights,
                                         output_shape=[opts.samples, classes])]
-            unique = None
+            unique = entropy = None
         else:
             blobs = [export_point_slice(make_slice(model, w, calib, s), shape, opts.weights)
                      for s in samples]
-            unique = None
+            unique = entropy = None
         S = 1 if scope == "point" else opts.samples
         cid = f"w{w:.2f}-{scope}" + ("" if scope == "point" else str(S))
         names = [f"{cid}.tflite"] if len(blobs) == 1 else \
@@ -205,6 +208,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
             output={"kind": "logits", "shape": [S if scope == "head" else 1, classes]},
             temperature=float(temperature), temperature_folded=False, weights=opts.weights,
             macs=int(info["macs"]), params=int(info["params"]), unique_values=unique,
+            weight_entropy_bits=entropy,
             thresholds=confidence_thresholds(val_probs, val_y, opts.targets),
             val_nll=float(M.nll(val_probs, val_y)),
             test={"raw": _quality(test_logits, test_y, 1.0, ood_logits),

@@ -48,6 +48,7 @@ def config_dict(
         "macs": 12345,
         "params": 678,
         "unique_values": 15,
+        "weight_entropy_bits": 2.5,
         "thresholds": {"0.9": 0.55, "0.95": 0.8, "0.99": None},
         "val_nll": 0.31,
         "test": {
@@ -608,6 +609,7 @@ def manifests(draw: st.DrawFn) -> tuple[b.Manifest, dict[str, bytes]]:
                 macs=draw(st.integers(0, 2**40)),
                 params=draw(st.integers(0, 2**31)),
                 unique_values=draw(st.none() | st.integers(0, 10_000)),
+                weight_entropy_bits=draw(st.none() | st.floats(min_value=0.0, max_value=16.0)),
                 thresholds=thresholds,
                 val_nll=draw(st.floats(min_value=0.0, max_value=50.0)),
                 test=draw(st.dictionaries(_names, metric_dict, max_size=2)),

@@ -483,6 +483,9 @@ def test_pwfn_point_unique_values_count_codebook_entries(bundles, checkpoints, c
         vals = torch.cat([p.detach().flatten() for n, p in sl.named_parameters()
                           if n.endswith("weight_mu") or n.endswith(".bias") and "bn" not in n])
         assert c.unique_values == int(torch.unique(vals).numel())
+        _, counts = np.unique(idx.numpy(), return_counts=True)  # entropy over the indices
+        p = counts / counts.sum()
+        assert c.weight_entropy_bits == pytest.approx(float(-(p * np.log2(p)).sum()), rel=1e-9)
 
 
 def test_bundle_is_not_overwritten_without_force(bundles, checkpoints):
