@@ -1,0 +1,219 @@
+"""The on-device runtime: load a bundle, set budgets, ``predict``. numpy + a TFLite interpreter.
+
+    model = edge_sdk.load("bundle/")
+    model.budget = edge_sdk.Budget(latency_ms=5)
+    p = model.predict(x)          # x: one sample, shape manifest.input.shape[1:]
+    p.label, p.confidence, p.mutual_info, p.abstain, p.width
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from edge_sdk import metrics as M
+from edge_sdk.backends import interpreter_class
+from edge_sdk.bundle import Configuration, Manifest, read_manifest, resolve_file
+from edge_sdk.errors import BudgetError, InputError
+from edge_sdk.policy import Budget, MemoryProbe, Policy
+
+POLICIES = ("best", "cascade")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: int
+    class_name: str
+    probs: tuple[float, ...]  # calibrated (the configuration's temperature), model-averaged
+    confidence: float  # max of probs
+    entropy: float  # predictive entropy H[mean_s p_s] (nats)
+    mutual_info: float  # predictive - expected entropy, >= 0 (0 for a point configuration)
+    abstain: bool  # confidence below the threshold exported for the target accuracy
+    width: float
+    scope: str
+    samples: int
+    config_id: str
+    latency_ms: float
+    budget_met: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class EdgeModel:
+    """A loaded bundle. Thread-safe: each thread gets its own interpreters (LiteRT interpreters
+    are not thread-safe), created lazily and kept resident up to ``memory_cap_mb`` per thread."""
+
+    def __init__(self, bundle_dir: str | Path, *, threads: int | None = None,
+                 target_accuracy: float = 0.95, policy: str = "best", strict: bool = False,
+                 memory_reader: Callable[[], float] | None = None,
+                 memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter):
+        self.bundle_dir = Path(bundle_dir)
+        self.manifest: Manifest = read_manifest(self.bundle_dir, verify=True)  # sha256 first
+        if policy not in POLICIES:
+            raise BudgetError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        key = f"{target_accuracy:g}"
+        missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
+        if missing:
+            have = sorted(self.manifest.configurations[0].thresholds)
+            raise BudgetError(f"target accuracy {target_accuracy} has no exported threshold; "
+                              f"the bundle has thresholds for {', '.join(have)}")
+        self.target_accuracy, self.policy_name, self.strict = target_accuracy, policy, strict
+        self.threads = threads
+        self._interp_cls, self.backend = interpreter_class()
+        self.policy = Policy(self.manifest.configurations, MemoryProbe(memory_reader))
+        self.budget = Budget()
+        self.memory_cap_mb = memory_cap_mb
+        self._clock = clock
+        self._local = threading.local()
+        self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
+        spec = self.manifest.input
+        self._mean = np.asarray(spec.mean, np.float32)
+        self._std = np.asarray(spec.std, np.float32)
+
+    # ---- public ----------------------------------------------------------------------------
+    @property
+    def input_spec(self):
+        return self.manifest.input
+
+    @property
+    def budget(self) -> Budget:
+        return self._budget
+
+    @budget.setter
+    def budget(self, value: Budget) -> None:
+        if not isinstance(value, Budget):
+            raise BudgetError(f"budget must be an edge_sdk.Budget, got {type(value).__name__}")
+        self._budget = value
+
+    def predict(self, x, budget: Budget | None = None) -> Prediction:
+        """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis)."""
+        return self._predict(self._prepare(x, "x"), budget or self._budget)
+
+    def predict_batch(self, xs, budget: Budget | None = None) -> list[Prediction]:
+        xs = np.asarray(xs) if not isinstance(xs, np.ndarray) else xs
+        want = tuple(self.manifest.input.shape[1:])
+        if xs.ndim != len(want) + 1 or xs.shape[0] == 0:
+            raise InputError(f"xs must have shape [N, {', '.join(map(str, want))}] with N >= 1, "
+                             f"got {list(xs.shape)}")
+        return [self.predict(x, budget) for x in xs]
+
+    # ---- internals -------------------------------------------------------------------------
+    def _prepare(self, x, what: str) -> np.ndarray:
+        spec = self.manifest.input
+        want = tuple(spec.shape[1:])
+        try:
+            arr = np.asarray(x)
+        except Exception as e:  # ragged lists and the like
+            raise InputError(f"{what} is not array-like: {e}") from e
+        if arr.shape != want:
+            raise InputError(f"{what} must have shape {list(want)} (NHWC, one sample), got "
+                             f"{list(arr.shape)}")
+        if arr.dtype.kind not in "uif" or arr.dtype == np.bool_:
+            raise InputError(f"{what} must be numeric (uint8 or float), got dtype {arr.dtype}")
+        arr = arr.astype(np.float32)
+        if not np.isfinite(arr).all():
+            raise InputError(f"{what} contains NaN or infinite values")
+        lo, hi = spec.value_range
+        if arr.min() < lo - 1e-6 * max(1.0, abs(lo)) or arr.max() > hi + 1e-6 * max(1.0, abs(hi)):
+            raise InputError(f"{what} values must lie in the raw range [{lo:g}, {hi:g}] "
+                             f"(before normalisation), got [{arr.min():g}, {arr.max():g}]")
+        return ((arr - self._mean) / self._std)[None]
+
+    def _interpreters(self, c: Configuration) -> list:
+        cache: OrderedDict = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = OrderedDict()
+        if c.id in cache:
+            cache.move_to_end(c.id)
+            return cache[c.id]
+        interps = []
+        for f in c.files:
+            it = self._interp_cls(model_path=str(resolve_file(self.bundle_dir, f.name)),
+                                  num_threads=self.threads)
+            it.allocate_tensors()
+            interps.append(it)
+        cache[c.id] = interps
+        if self.memory_cap_mb is not None:
+            while len(cache) > 1 and sum(self.policy.memory_need_mb(
+                    self.manifest.configuration(k)) for k in cache) > self.memory_cap_mb:
+                cache.popitem(last=False)  # least recently used
+        return interps
+
+    def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """[S, C] logits and the wall time of the invokes."""
+        interps = self._interpreters(c)
+        t0 = self._clock()
+        rows = []
+        for it in interps:
+            it.set_tensor(it.get_input_details()[0]["index"], x)
+            it.invoke()
+            rows.append(it.get_tensor(it.get_output_details()[0]["index"]).reshape(-1, len(
+                self.manifest.labels)))
+        return np.concatenate(rows, 0), (self._clock() - t0) * 1000
+
+    def _answer(self, c: Configuration, logits: np.ndarray, latency: float,
+                met: bool) -> Prediction:
+        probs_s = M.softmax(logits.astype(np.float64) / c.temperature, axis=-1)[:, None, :]
+        probs = probs_s.mean(0)[0]
+        label = int(probs.argmax())
+        conf = float(probs[label])
+        threshold = c.thresholds[f"{self.target_accuracy:g}"]
+        return Prediction(
+            label=label, class_name=self.manifest.labels[label], probs=tuple(map(float, probs)),
+            confidence=conf, entropy=float(M.predictive_entropy(probs_s)[0]),
+            mutual_info=float(M.mutual_information(probs_s)[0]),
+            abstain=threshold is None or conf < threshold, width=c.width, scope=c.scope,
+            samples=c.samples, config_id=c.id, latency_ms=latency, budget_met=met)
+
+    def _predict(self, x: np.ndarray, budget: Budget) -> Prediction:
+        with self._lock:
+            c, met = self.policy.choose(budget, self.strict)
+        if self.policy_name == "cascade":
+            return self._cascade(x, budget, c, met)
+        logits, ms = self._run(c, x)
+        with self._lock:
+            self.policy.observe(c.id, ms)
+        within = budget.latency_ms is None or ms <= budget.latency_ms
+        return self._answer(c, logits, ms, met and within)
+
+    def _cascade(self, x: np.ndarray, budget: Budget, best: Configuration,
+                 met: bool) -> Prediction:
+        """Cheapest fitting configuration first; escalate to wider ones (same scope) while the
+        answer's confidence is below its exported threshold and the budget has room left."""
+        with self._lock:
+            fitting = sorted((c for c in self.policy.configs if c.scope == best.scope
+                              and c.width <= best.width and self.policy.fits(c, budget)),
+                             key=lambda c: c.width) or [best]
+        spent = 0.0
+        for i, c in enumerate(fitting):
+            logits, ms = self._run(c, x)
+            spent += ms
+            with self._lock:
+                self.policy.observe(c.id, ms)
+            answer = self._answer(c, logits, spent, met)
+            if not answer.abstain or i + 1 == len(fitting):
+                break
+            nxt = fitting[i + 1]
+            if budget.latency_ms is not None and \
+                    spent + self.policy.predicted_latency_ms(nxt) > budget.latency_ms:
+                break
+        within = budget.latency_ms is None or spent <= budget.latency_ms
+        return self._answer(c, logits, spent, met and within)
+
+
+def load(bundle_dir: str | Path, profile: str | None = "auto", threads: int | None = None,
+         **kwargs) -> EdgeModel:
+    """Load and verify a bundle (schema version, every file's sha256) before anything runs.
+
+    ``profile``: "auto" uses latencies measured on this device as calls come in, seeded with
+    the manifest's host measurements; device-profile files are not read yet.
+    """
+    del profile
+    return EdgeModel(bundle_dir, threads=threads, **kwargs)
