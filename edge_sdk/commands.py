@@ -1,0 +1,102 @@
+"""Device-side subcommands (``edge-sdk run``, ``edge-sdk bench``): numpy + the interpreter only."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge_sdk.errors import InputError
+
+
+def _read_input(path: str, spec) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--input {path} does not exist")
+    if p.suffix == ".npy":
+        return np.load(p, allow_pickle=False)
+    try:
+        from PIL import Image
+    except ImportError as e:
+        raise InputError(f"reading {p.suffix} images needs Pillow: pip install 'edge-sdk[image]' "
+                         "(or pass a .npy array)") from e
+    _, h, w, c = spec.shape
+    img = Image.open(p).convert("L" if c == 1 else "RGB").resize((w, h))
+    arr = np.asarray(img, dtype=np.float32).reshape(h, w, c)
+    lo, hi = spec.value_range
+    return arr / 255.0 * (hi - lo) + lo  # image pixels 0..255 onto the model's raw range
+
+
+def run_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="edge-sdk run",
+                                description="Predict with a bundle under a budget.")
+    p.add_argument("bundle")
+    p.add_argument("--input", required=True, help=".npy (one sample or a batch) or an image")
+    p.add_argument("--latency-ms", type=float, default=None)
+    p.add_argument("--memory-mb", type=float, default=None)
+    p.add_argument("--policy", choices=["best", "cascade"], default="best")
+    p.add_argument("--target-accuracy", type=float, default=0.95)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="one JSON object per prediction")
+    args = p.parse_args(argv)
+    import edge_sdk
+
+    model = edge_sdk.load(args.bundle, threads=args.threads, policy=args.policy,
+                          target_accuracy=args.target_accuracy)
+    budget = edge_sdk.Budget(args.latency_ms, args.memory_mb)
+    x = _read_input(args.input, model.input_spec)
+    batch = x.ndim == len(model.input_spec.shape)
+    preds = model.predict_batch(x, budget) if batch else [model.predict(x, budget)]
+    for pr in preds:
+        if args.json:
+            print(json.dumps(pr.to_dict()))
+        else:
+            print(f"{pr.class_name}\tconfidence {pr.confidence:.4f}\tMI {pr.mutual_info:.5f}"
+                  f"\t{'ABSTAIN' if pr.abstain else 'ok'}\t{pr.config_id}\t{pr.latency_ms:.3f} ms"
+                  f"\tbudget {'met' if pr.budget_met else 'MISSED'}")
+    return 0
+
+
+def bench_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="edge-sdk bench",
+                                description="Per-configuration latency of predict() against raw "
+                                            "interpreter invoke() (median, batch 1).")
+    p.add_argument("bundle")
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    import edge_sdk
+
+    model = edge_sdk.load(args.bundle, threads=args.threads)
+    spec = model.input_spec
+    lo, hi = spec.value_range
+    x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)
+    print(f"backend {model.backend}, {args.threads} thread(s), {args.repeats} repeats")
+    print(f"{'configuration':<16}{'invoke ms':>10}{'predict ms':>11}{'overhead us':>12}"
+          f"{'ratio':>7}{'manifest MB':>12}")
+    for c in model.manifest.configurations:
+        interps = model._interpreters(c)
+        xin = model._prepare(x, "x")
+        for it, inp, _ in interps:
+            it.set_tensor(inp, xin)
+        raw, full = [], []
+        for _ in range(args.repeats):  # interleaved, so drift hits both
+            t0 = time.perf_counter()
+            for it, _, _ in interps:
+                it.invoke()
+            raw.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            model.predict(x, config_id=c.id)
+            full.append(time.perf_counter() - t0)
+        r, f = statistics.median(raw) * 1e3, statistics.median(full) * 1e3
+        mb = "-" if c.memory_mb is None else f"{c.memory_mb:.1f}"
+        print(f"{c.id:<16}{r:>10.3f}{f:>11.3f}{(f - r) * 1e3:>12.1f}{f / r:>7.2f}{mb:>12}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(sys.argv[1:]))
