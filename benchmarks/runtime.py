@@ -1,0 +1,120 @@
+"""The on-device runtime on a real bundle: predict() overhead over raw invoke(), width-switch
+time, latency vs MACs per width, a budget trace, and cascade vs always-full.
+
+    python benchmarks/runtime.py --bundle /tmp/bundle_fm [--data npz:../shared/data/fashion_mnist.npz]
+
+Torch-free except for loading the evaluation data when --data is given (trainer.data).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import edge_sdk
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--data", default=None, help="source whose test split drives the trace")
+    p.add_argument("--repeats", type=int, default=300)
+    p.add_argument("--samples", type=int, default=1000, help="test samples for trace/cascade")
+    args = p.parse_args()
+    model = edge_sdk.load(args.bundle, threads=1)
+    spec = model.input_spec
+    lo, hi = spec.value_range
+    x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)
+    points = [c for c in model.manifest.configurations if c.scope == "point"]
+
+    print(f"backend {model.backend}; 1 thread; batch 1; median of {args.repeats}")
+    print(f"{'config':<14}{'invoke ms':>10}{'predict ms':>11}{'overhead us':>12}{'ratio':>7}"
+          f"{'lat/lat(1)':>11}{'MACs/MACs(1)':>13}")
+    full = max(points, key=lambda c: c.width)
+    lat = {}
+    for c in points:
+        interps = model._interpreters(c)
+        xin = model._prepare(x, "x")
+        for it, inp, _ in interps:
+            it.set_tensor(inp, xin)
+        raw = median_ms(lambda: [it.invoke() for it, _, _ in interps], args.repeats)
+        pred = median_ms(lambda: model.predict(x, config_id=c.id), args.repeats)
+        lat[c.id] = raw
+    for c in points:
+        raw = lat[c.id]
+        pred = median_ms(lambda: model.predict(x, config_id=c.id), args.repeats)
+        print(f"{c.id:<14}{raw:>10.3f}{pred:>11.3f}{(pred - raw) * 1e3:>12.1f}{pred / raw:>7.2f}"
+              f"{raw / lat[full.id]:>11.2f}{c.macs / full.macs:>13.2f}")
+
+    # width switch with slices resident: alternate two configurations, time each call
+    a, b = points[0], full
+    switch = []
+    for i in range(args.repeats):
+        c = a if i % 2 else b
+        t0 = time.perf_counter()
+        model.predict(x, config_id=c.id)
+        switch.append((time.perf_counter() - t0) * 1e3 - lat[c.id])
+    print(f"\nwidth switch overhead (alternating {a.id} / {b.id}): median "
+          f"{statistics.median(switch) * 1e3:.1f} us, p99 {np.percentile(switch, 99) * 1e3:.1f} us")
+
+    if args.data is None:
+        return
+    from trainer.config import DataConfig
+    from trainer.data import load_data
+
+    data = load_data(DataConfig(source=args.data))
+    xs, ys = data.test.raw[: args.samples], data.test.y[: args.samples].numpy()
+
+    # budget trace: latency budget stepping down and back up, then a memory squeeze
+    fast, slow = min(lat.values()), max(lat.values())
+    phases = [("roomy", edge_sdk.Budget(latency_ms=slow * 3)),
+              ("tight", edge_sdk.Budget(latency_ms=(fast + slow) / 2 + 0.1)),
+              ("tightest", edge_sdk.Budget(latency_ms=fast * 1.5 + 0.1)),
+              ("recovered", edge_sdk.Budget(latency_ms=slow * 3)),
+              ("memory squeeze", edge_sdk.Budget(memory_mb=min(c.memory_mb or 1e9
+                                                               for c in points) + 0.01))]
+    print(f"\n{'phase':<16}{'budget':>22}{'widths chosen':>28}{'acc':>7}{'met':>7}{'rule':>7}")
+    for name, budget in phases:
+        preds = [model.predict(xi, budget) for xi in xs]
+        widths = sorted({pr.width for pr in preds})
+        met = np.mean([pr.budget_met for pr in preds])
+        best, _ = model.policy.choose(budget)
+        rule = np.mean([pr.config_id == best.id for pr in preds])
+        acc = np.mean([pr.label == y for pr, y in zip(preds, ys)])
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        btxt = f"{fmt(budget.latency_ms)} ms / {fmt(budget.memory_mb)} MB"
+        print(f"{name:<16}{btxt:>22}{str(widths):>28}{acc:>7.4f}{met:>7.3f}{rule:>7.3f}")
+
+    # cascade vs always-full, point scope
+    full_model = edge_sdk.load(args.bundle, threads=1)
+    casc = edge_sdk.load(args.bundle, threads=1, policy="cascade")
+    for m in (full_model, casc):
+        m.policy.configs = points  # point scope only: the cascade climbs widths
+    t_full, acc_full, t_c, acc_c = [], [], [], []
+    for xi, y in zip(xs, ys):
+        pf = full_model.predict(xi, config_id=full.id)
+        pc = casc.predict(xi)
+        t_full.append(pf.latency_ms)
+        t_c.append(pc.latency_ms)
+        acc_full.append(pf.label == y)
+        acc_c.append(pc.label == y)
+    saved = 1 - np.mean(t_c) / np.mean(t_full)
+    print(f"\ncascade (target accuracy {casc.target_accuracy}) vs always {full.id}: mean latency "
+          f"{np.mean(t_c):.3f} vs {np.mean(t_full):.3f} ms ({saved:.1%} saved), accuracy "
+          f"{np.mean(acc_c):.4f} vs {np.mean(acc_full):.4f} "
+          f"({100 * (np.mean(acc_c) - np.mean(acc_full)):+.2f} pt)")
+
+
+if __name__ == "__main__":
+    main()
