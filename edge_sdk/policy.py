@@ -14,9 +14,12 @@ budget, so a latency hovering at the budget does not flap between two widths.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
+
+import numpy as np
 
 from edge_sdk.bundle import Configuration
 from edge_sdk.errors import BudgetError
@@ -39,8 +42,10 @@ class Budget:
             v = getattr(self, name)
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+            if (isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
+                    or math.isnan(v) or v <= 0):
                 raise BudgetError(f"Budget.{name} must be a positive number or None, got {v!r}")
+            object.__setattr__(self, name, float(v))  # numpy scalars welcome, stored as float
 
 
 class MemoryProbe:

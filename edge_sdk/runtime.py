@@ -57,6 +57,10 @@ class EdgeModel:
         self.manifest: Manifest = read_manifest(self.bundle_dir, verify=True)  # sha256 first
         if policy not in POLICIES:
             raise BudgetError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
+                or not 0 < target_accuracy <= 1:
+            raise BudgetError(f"target_accuracy must be a number in (0, 1], got "
+                              f"{target_accuracy!r}")
         key = f"{target_accuracy:g}"
         missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
         if missing:
@@ -104,8 +108,12 @@ class EdgeModel:
         return self._predict(x, budget or self._budget)
 
     def predict_batch(self, xs, budget: Budget | None = None) -> list[Prediction]:
-        xs = np.asarray(xs) if not isinstance(xs, np.ndarray) else xs
         want = tuple(self.manifest.input.shape[1:])
+        try:
+            xs = np.asarray(xs) if not isinstance(xs, np.ndarray) else xs
+        except ValueError as e:  # ragged nesting
+            raise InputError(f"xs must be an array of shape [N, {', '.join(map(str, want))}]; "
+                             f"got a ragged sequence ({e})") from e
         if xs.ndim != len(want) + 1 or xs.shape[0] == 0:
             raise InputError(f"xs must have shape [N, {', '.join(map(str, want))}] with N >= 1, "
                              f"got {list(xs.shape)}")
@@ -117,21 +125,22 @@ class EdgeModel:
         want = tuple(spec.shape[1:])
         try:
             arr = np.asarray(x)
-        except Exception as e:  # ragged lists and the like
-            raise InputError(f"{what} is not array-like: {e}") from e
+        except (ValueError, TypeError) as e:  # ragged lists and the like
+            raise InputError(f"{what} must be an array of shape {list(want)} (NHWC, one sample);"
+                             f" got something that is not array-like ({e})") from e
         if arr.shape != want:
             raise InputError(f"{what} must have shape {list(want)} (NHWC, one sample), got "
                              f"{list(arr.shape)}")
         if arr.dtype.kind not in "uif" or arr.dtype == np.bool_:
             raise InputError(f"{what} must be numeric (uint8 or float), got dtype {arr.dtype}")
-        arr = arr.astype(np.float32)
         if not np.isfinite(arr).all():
             raise InputError(f"{what} contains NaN or infinite values")
         lo, hi = spec.value_range
+        # checked before the float32 cast, so a huge float64 is reported as out of range
         if arr.min() < lo - 1e-6 * max(1.0, abs(lo)) or arr.max() > hi + 1e-6 * max(1.0, abs(hi)):
             raise InputError(f"{what} values must lie in the raw range [{lo:g}, {hi:g}] "
                              f"(before normalisation), got [{arr.min():g}, {arr.max():g}]")
-        return ((arr - self._mean) / self._std)[None]
+        return ((arr.astype(np.float32) - self._mean) / self._std)[None]
 
     def _interpreters(self, c: Configuration) -> list:
         cache: OrderedDict = getattr(self._local, "cache", None)

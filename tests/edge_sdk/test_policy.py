@@ -1,0 +1,450 @@
+"""edge_sdk.policy: Budget, MemoryProbe and the selection rule, on fake configurations.
+
+Pure unit tests: fake configurations built through the bundle schema, an injected memory
+reader and a fake clock. Must not import torch, the trainer or the exporters.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_sdk.bundle import Configuration
+from edge_sdk.errors import BudgetError
+from edge_sdk.policy import Budget, MemoryProbe, Policy
+
+LABELS = 3
+PLENTY_MB = 1e9
+
+
+def config(cid: str, *, width: float = 1.0, scope: str = "point", samples: int = 1,
+           val_nll: float = 0.3, latency_ms: float | None = 1.0, memory_mb: float | None = 1.0,
+           macs: int = 100_000) -> Configuration:
+    """A valid Configuration (through the bundle schema) with the fields the policy reads."""
+    n_files = samples if scope == "all" else 1
+    files = [{"name": f"{cid}-{i}.tflite",
+              "sha256": hashlib.sha256(f"{cid}-{i}".encode()).hexdigest(), "bytes": 1000}
+             for i in range(n_files)]
+    return Configuration.from_dict({
+        "id": cid, "width": width, "scope": scope, "samples": samples, "files": files,
+        "invokes": n_files,
+        "output": {"kind": "logits", "shape": [samples if scope == "head" else 1, LABELS]},
+        "temperature": 1.0, "temperature_folded": False, "weights": "dequantize",
+        "macs": macs, "params": 1000, "unique_values": None, "weight_entropy_bits": None,
+        "thresholds": {"0.95": 0.8}, "val_nll": val_nll,
+        "test": {"calibrated": {"accuracy": 0.9}},
+        "latency_ms": latency_ms, "memory_mb": memory_mb,
+    })
+
+
+class FakeClock:
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Reader:
+    """An injectable 'available memory' reader that counts its calls."""
+
+    def __init__(self, mb: float = PLENTY_MB):
+        self.mb, self.calls = mb, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.mb
+
+
+def policy(configs, available_mb: float = PLENTY_MB, **kw) -> Policy:
+    return Policy(configs, MemoryProbe(reader=lambda: available_mb, clock=FakeClock()), **kw)
+
+
+# --------------------------------------------------------------------------- reference rule
+
+
+def reference(configs, budget: Budget, available_mb: float) -> tuple[set[str], bool]:
+    """Brute force, written independently of Policy: the ids the rule allows and budget_met."""
+    def fits(c):
+        return ((budget.latency_ms is None or c.latency_ms <= budget.latency_ms)
+                and (budget.memory_mb is None or c.memory_mb <= budget.memory_mb)
+                and c.memory_mb <= available_mb)
+
+    feasible = [c for c in configs if fits(c)]
+    if feasible:
+        lowest = min(c.val_nll for c in feasible)
+        tied = [c for c in feasible if c.val_nll == lowest]
+        widest = max(c.width for c in tied)
+        tied = [c for c in tied if c.width == widest]
+        fewest = min(c.invokes for c in tied)
+        return {c.id for c in tied if c.invokes == fewest}, True
+    fastest = min(c.latency_ms for c in configs)
+    tied = [c for c in configs if c.latency_ms == fastest]
+    smallest = min(c.memory_mb for c in tied)
+    return {c.id for c in tied if c.memory_mb == smallest}, False
+
+
+SHAPES = [("point", 1), ("head", 2), ("head", 4), ("all", 2), ("all", 3)]
+# small discrete sets make ties and boundary equalities (latency == budget) common
+LATENCIES = st.one_of(st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0]),
+                      st.floats(0.01, 20.0, allow_nan=False))
+MEMORIES = st.one_of(st.sampled_from([1.0, 5.0, 10.0, 50.0]), st.floats(0.0, 100.0))
+
+
+@st.composite
+def config_sets(draw):
+    specs = draw(st.lists(st.tuples(
+        st.sampled_from([0.25, 0.5, 0.75, 1.0]), st.sampled_from(SHAPES),
+        st.one_of(st.sampled_from([0.1, 0.2, 0.3]), st.floats(0.0, 3.0)),
+        LATENCIES, MEMORIES), min_size=1, max_size=7))
+    return [config(f"c{i}", width=w, scope=s, samples=n, val_nll=nll, latency_ms=lat,
+                   memory_mb=mem)
+            for i, (w, (s, n), nll, lat, mem) in enumerate(specs)]
+
+
+budgets = st.builds(Budget, latency_ms=st.none() | LATENCIES, memory_mb=st.none() | MEMORIES.filter(
+    lambda m: m > 0))
+availability = st.one_of(st.just(PLENTY_MB), MEMORIES)
+
+
+@settings(max_examples=300)
+@given(configs=config_sets(), budget=budgets, available=availability)
+def test_choose_matches_brute_force_rule(configs, budget, available):
+    allowed, met = reference(configs, budget, available)
+    choice, budget_met = policy(configs, available).choose(budget)
+    assert choice.id in allowed
+    assert budget_met is met
+    if met:
+        assert policy(configs, available).choose(budget, strict=True)[0].id in allowed
+    else:
+        with pytest.raises(BudgetError):
+            policy(configs, available).choose(budget, strict=True)
+
+
+@settings(max_examples=150)
+@given(configs=config_sets(), budgets_seq=st.lists(budgets, min_size=1, max_size=8),
+       available=availability)
+def test_hysteresis_only_ever_keeps_the_previous_choice_within_the_band(configs, budgets_seq,
+                                                                          available):
+    """Over a sequence of budgets on one Policy: each choice is the rule's, or the previous
+    choice kept because its prediction is within 10 % above the latency budget."""
+    p = policy(configs, available)
+    previous = None
+    for budget in budgets_seq:
+        allowed, met = reference(configs, budget, available)
+        choice, budget_met = p.choose(budget)
+        if choice.id not in allowed or budget_met is not met:
+            assert previous is not None and choice.id == previous.id
+            assert budget_met
+            assert budget.latency_ms is not None
+            assert choice.latency_ms <= budget.latency_ms * 1.1 + 1e-12
+            assert budget.memory_mb is None or choice.memory_mb <= budget.memory_mb
+            assert choice.memory_mb <= available
+        if budget_met:
+            previous = choice
+
+
+@settings(max_examples=100)
+@given(configs=config_sets(), budgets_seq=st.lists(budgets, min_size=1, max_size=8),
+       available=availability)
+def test_without_hysteresis_every_choice_is_the_rules(configs, budgets_seq, available):
+    p = policy(configs, available, hysteresis=0.0)
+    for budget in budgets_seq:
+        allowed, met = reference(configs, budget, available)
+        choice, budget_met = p.choose(budget)
+        assert choice.id in allowed and budget_met is met
+
+
+# --------------------------------------------------------------------------- the rule, by hand
+
+
+def test_lowest_val_nll_wins_among_fitting():
+    cs = [config("a", val_nll=0.5, latency_ms=1), config("b", val_nll=0.2, latency_ms=3),
+          config("c", val_nll=0.1, latency_ms=9)]
+    assert policy(cs).choose(Budget())[0].id == "c"
+    assert policy(cs).choose(Budget(latency_ms=5))[0].id == "b"
+    assert policy(cs).choose(Budget(latency_ms=1))[0].id == "a"
+
+
+def test_ties_go_to_larger_width_then_fewer_invokes():
+    cs = [config("narrow", width=0.5, val_nll=0.2),
+          config("all3", width=1.0, scope="all", samples=3, val_nll=0.2),
+          config("head4", width=1.0, scope="head", samples=4, val_nll=0.2),
+          config("all2", width=1.0, scope="all", samples=2, val_nll=0.2)]
+    choice, met = policy(cs).choose(Budget())
+    assert met and choice.invokes == 1 and choice.width == 1.0  # head4: one invoke
+    choice, _ = policy([c for c in cs if c.id != "head4"]).choose(Budget())
+    assert choice.id == "all2"
+
+
+def test_a_config_exactly_at_the_budget_fits():
+    cs = [config("fast", val_nll=0.9, latency_ms=1.0), config("good", val_nll=0.1, latency_ms=4.0)]
+    assert policy(cs).choose(Budget(latency_ms=4.0)) == (cs[1], True)
+
+
+def test_memory_budget_is_respected():
+    cs = [config("w1.0", width=1.0, val_nll=0.1, memory_mb=100),
+          config("w0.5", width=0.5, val_nll=0.3, memory_mb=30)]
+    choice, met = policy(cs).choose(Budget(memory_mb=50))
+    assert (choice.id, met) == ("w0.5", True)
+    assert policy(cs).choose(Budget(memory_mb=100))[0].id == "w1.0"
+
+
+def test_low_available_memory_steps_the_width_down_and_back_up():
+    cs = [config("w1.0", width=1.0, val_nll=0.10, memory_mb=100),
+          config("w0.75", width=0.75, val_nll=0.20, memory_mb=60),
+          config("w0.5", width=0.5, val_nll=0.30, memory_mb=30)]
+    reader, clock = Reader(1000), FakeClock()
+    p = Policy(cs, MemoryProbe(reader=reader, clock=clock))
+    steps = [(1000, "w1.0", True), (80, "w0.75", True), (40, "w0.5", True),
+             (10, "w0.5", False), (1000, "w1.0", True)]
+    for available, want, want_met in steps:
+        reader.mb = available
+        clock.t += 0.2  # past the probe's 100 ms interval
+        choice, met = p.choose(Budget())
+        assert (choice.id, met) == (want, want_met), available
+        assert not met or p.memory_need_mb(choice) <= available
+
+
+def test_infeasible_budget_gives_the_cheapest_flagged_or_raises_in_strict_mode():
+    cs = [config("best", width=1.0, val_nll=0.1, latency_ms=5.0, memory_mb=10),
+          config("cheap-big", width=0.5, val_nll=0.3, latency_ms=2.0, memory_mb=8),
+          config("cheap-small", width=0.25, val_nll=0.5, latency_ms=2.0, memory_mb=4),
+          config("mid", width=0.75, val_nll=0.2, latency_ms=3.0, memory_mb=1)]
+    budget = Budget(latency_ms=1.5, memory_mb=200)
+    choice, met = policy(cs).choose(budget)
+    assert (choice.id, met) == ("cheap-small", False)  # lowest latency, then lowest memory
+    with pytest.raises(BudgetError, match=r"latency 1\.5 ms") as info:
+        policy(cs).choose(budget, strict=True)
+    assert "200" in str(info.value) and "memory" in str(info.value)
+    # a memory budget nothing meets
+    choice, met = policy(cs).choose(Budget(memory_mb=0.5))
+    assert (choice.id, met) == ("cheap-small", False)
+    with pytest.raises(BudgetError, match=r"memory 0\.5 MB"):
+        policy(cs).choose(Budget(memory_mb=0.5), strict=True)
+
+
+def test_infeasible_then_feasible_again():
+    cs = [config("w1", width=1.0, val_nll=0.1, latency_ms=5.0),
+          config("w05", width=0.5, val_nll=0.3, latency_ms=2.0)]
+    p = policy(cs)
+    assert p.choose(Budget(latency_ms=1.0)) == (cs[1], False)
+    assert p.choose(Budget(latency_ms=10.0)) == (cs[0], True)
+    assert p.choose(Budget(latency_ms=3.0)) == (cs[1], True)
+
+
+def test_missing_manifest_latency_uses_a_macs_estimate_that_grows_with_macs():
+    small = config("small", latency_ms=None, macs=100_000)
+    big = config("big", latency_ms=None, macs=10_000_000)
+    p = policy([small, big])
+    assert 0 < p.predicted_latency_ms(small) < p.predicted_latency_ms(big)
+    assert math.isfinite(p.predicted_latency_ms(big))
+
+
+def test_no_configurations_is_an_error():
+    with pytest.raises(BudgetError):
+        policy([])
+
+
+# --------------------------------------------------------------------------- EWMA
+
+
+def test_measured_latency_overrides_the_manifest_then_moves_by_the_ewma_factor():
+    c = config("c", latency_ms=1.0)
+    p = policy([c])
+    assert p.predicted_latency_ms(c) == 1.0
+    p.observe("c", 3.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(3.0)  # first measurement replaces it
+    p.observe("c", 8.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(3.0 + 0.2 * (8.0 - 3.0))
+    p.observe("c", 4.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(4.0)  # 4 + 0.2 * (4 - 4)
+
+
+@given(st.lists(st.floats(0.01, 100.0), min_size=2, max_size=20))
+def test_ewma_moves_toward_each_measurement_by_a_fifth(measurements):
+    c = config("c", latency_ms=50.0)
+    p = policy([c])
+    p.observe("c", measurements[0])
+    for m in measurements[1:]:
+        before = p.predicted_latency_ms(c)
+        p.observe("c", m)
+        assert p.predicted_latency_ms(c) == pytest.approx(before + 0.2 * (m - before), rel=1e-12)
+
+
+def test_measurements_change_the_choice():
+    fast = config("fast", width=0.5, val_nll=0.3, latency_ms=1.0)
+    slow = config("slow", width=1.0, val_nll=0.1, latency_ms=4.0)
+    p = policy([fast, slow])
+    budget = Budget(latency_ms=5.0)
+    assert p.choose(budget)[0].id == "slow"
+    p.observe("slow", 20.0)  # this device is much slower than the manifest says
+    assert p.choose(budget) == (fast, True)
+
+
+def test_observing_one_config_leaves_the_others_alone():
+    a, b = config("a", latency_ms=1.0), config("b", latency_ms=2.0)
+    p = policy([a, b])
+    p.observe("a", 9.0)
+    assert p.predicted_latency_ms(b) == 2.0
+
+
+# --------------------------------------------------------------------------- hysteresis
+
+
+def two_widths() -> tuple[Configuration, Configuration]:
+    wide = config("wide", width=1.0, val_nll=0.1, latency_ms=10.0)
+    narrow = config("narrow", width=0.5, val_nll=0.3, latency_ms=5.0)
+    return wide, narrow
+
+
+def test_hysteresis_keeps_the_choice_within_ten_percent_above_the_budget():
+    wide, narrow = two_widths()
+    p = policy([wide, narrow])
+    budget = Budget(latency_ms=10.0)
+    assert p.choose(budget) == (wide, True)
+    p.observe("wide", 10.9)  # 9 % over: kept
+    assert p.choose(budget) == (wide, True)
+    p.observe("wide", 11.3)  # EWMA 10.98: still inside the band
+    assert p.predicted_latency_ms(wide) == pytest.approx(10.98)
+    assert p.choose(budget) == (wide, True)
+    p.observe("wide", 15.0)  # EWMA 11.78 > 11: dropped
+    assert p.choose(budget) == (narrow, True)
+    # a fresh policy with the same measurements would not have kept it at 10.9
+    fresh = policy([wide, narrow])
+    fresh.observe("wide", 10.9)
+    assert fresh.choose(budget) == (narrow, True)
+
+
+def test_hysteresis_does_not_flap_when_the_budget_hovers():
+    wide, narrow = two_widths()
+    p = policy([wide, narrow])
+    assert p.choose(Budget(latency_ms=10.0))[0] is wide
+    hovering = [9.5, 10.2, 9.3, 10.4, 9.7, 10.0, 9.2]  # wide stays within 10 % of every one
+    assert [p.choose(Budget(latency_ms=b))[0].id for b in hovering] == ["wide"] * len(hovering)
+    # without hysteresis the same trace flaps
+    q = policy([wide, narrow], hysteresis=0.0)
+    q.choose(Budget(latency_ms=10.0))
+    ids = [q.choose(Budget(latency_ms=b))[0].id for b in hovering]
+    assert "narrow" in ids and "wide" in ids
+
+
+def test_hysteresis_band_is_relative_to_the_budget_and_drops_beyond_it():
+    wide, narrow = two_widths()
+    p = policy([wide, narrow])
+    assert p.choose(Budget(latency_ms=10.0))[0] is wide
+    assert p.choose(Budget(latency_ms=9.2))[0] is wide  # 10 <= 9.2 * 1.1 = 10.12
+    assert p.choose(Budget(latency_ms=9.0))[0] is narrow  # 10 > 9.9
+    # now narrow is the choice; the wide one does not come back inside the band
+    assert p.choose(Budget(latency_ms=9.2))[0] is narrow
+    assert p.choose(Budget(latency_ms=10.0))[0] is wide  # it fits outright again
+
+
+def test_hysteresis_does_not_keep_a_choice_that_no_longer_fits_memory():
+    wide = config("wide", width=1.0, val_nll=0.1, latency_ms=1.0, memory_mb=100)
+    narrow = config("narrow", width=0.5, val_nll=0.3, latency_ms=1.0, memory_mb=10)
+    reader, clock = Reader(1000), FakeClock()
+    p = Policy([wide, narrow], MemoryProbe(reader=reader, clock=clock))
+    assert p.choose(Budget())[0] is wide
+    reader.mb, clock.t = 99.0, 1.0  # 1 % short: there is no band for memory
+    assert p.choose(Budget()) == (narrow, True)
+    assert p.choose(Budget(memory_mb=105))[0] is narrow
+
+
+def test_a_better_config_that_fits_replaces_the_kept_one():
+    narrow = config("narrow", width=0.5, val_nll=0.3, latency_ms=5.0)
+    mid = config("mid", width=0.75, val_nll=0.2, latency_ms=6.0)
+    p = policy([narrow, mid])
+    assert p.choose(Budget(latency_ms=5.0))[0] is narrow
+    assert p.choose(Budget(latency_ms=4.6))[0] is narrow  # kept: 5 <= 5.06
+    assert p.choose(Budget(latency_ms=6.0))[0] is mid  # better and fits: no stickiness
+
+
+# --------------------------------------------------------------------------- MemoryProbe
+
+
+def test_memory_probe_reads_at_most_every_100_ms():
+    reader, clock = Reader(500), FakeClock(10.0)
+    probe = MemoryProbe(reader=reader, clock=clock)
+    assert probe.available_mb() == 500 and reader.calls == 1
+    reader.mb = 100
+    for t in (10.0, 10.01, 10.05, 10.099):
+        clock.t = t
+        assert probe.available_mb() == 500  # cached
+    assert reader.calls == 1
+    clock.t = 10.2
+    assert probe.available_mb() == 100 and reader.calls == 2
+    clock.t = 10.25
+    probe.available_mb()
+    assert reader.calls == 2
+
+
+@given(st.lists(st.floats(0.0, 0.5), min_size=1, max_size=60))
+def test_memory_probe_property(steps):
+    """Reads are >= 100 ms apart, and the value is never older than 100 ms."""
+    reader, clock = Reader(1), FakeClock(0.0)
+    probe = MemoryProbe(reader=reader, clock=clock)
+    reads = []
+    for dt in steps:
+        clock.t += dt
+        before = reader.calls
+        reader.mb = clock.t  # the value tells when it was read
+        value = probe.available_mb()
+        if reader.calls > before:
+            reads.append(clock.t)
+        assert clock.t - value < 0.1 + 1e-9
+    assert reads[0] == steps[0]
+    assert all(b - a >= 0.1 - 1e-9 for a, b in zip(reads, reads[1:]))
+
+
+def test_choose_does_not_read_memory_on_every_call():
+    cs = [config(f"c{i}", width=(i + 1) / 4, memory_mb=i + 1) for i in range(4)]
+    reader, clock = Reader(1000), FakeClock()
+    p = Policy(cs, MemoryProbe(reader=reader, clock=clock))
+    for _ in range(50):
+        p.choose(Budget(latency_ms=5.0))
+    assert reader.calls == 1
+    clock.t = 0.15
+    for _ in range(50):
+        p.choose(Budget(memory_mb=2.0))
+    assert reader.calls == 2
+
+
+def test_default_memory_probe_reads_psutil():
+    psutil = pytest.importorskip("psutil")
+    mb = MemoryProbe().available_mb()
+    total = psutil.virtual_memory().total / 2 ** 20
+    assert 0 < mb <= total
+
+
+# --------------------------------------------------------------------------- Budget
+
+
+@pytest.mark.parametrize("field", ["latency_ms", "memory_mb"])
+@pytest.mark.parametrize("bad", [-1, -0.5, 0, 0.0, float("nan"), True, False, "5", [5], {}])
+def test_invalid_budget_values_raise_budget_error(field, bad):
+    with pytest.raises(BudgetError, match=field):
+        Budget(**{field: bad})
+
+
+@given(st.floats(min_value=1e-6, max_value=1e6), st.floats(min_value=1e-6, max_value=1e6))
+def test_positive_budgets_are_accepted(lat, mem):
+    b = Budget(latency_ms=lat, memory_mb=mem)
+    assert (b.latency_ms, b.memory_mb) == (lat, mem)
+    assert Budget() == Budget(None, None)
+    assert Budget(latency_ms=5, memory_mb=64).latency_ms == 5
+
+
+def test_budget_is_frozen():
+    b = Budget(latency_ms=5)
+    with pytest.raises(AttributeError):
+        b.latency_ms = 1  # type: ignore[misc]
+
+
+def test_budget_accepts_numpy_scalars():
+    b = Budget(latency_ms=np.float32(5.0), memory_mb=np.int64(64))
+    assert b.latency_ms == 5.0 and b.memory_mb == 64

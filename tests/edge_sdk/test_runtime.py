@@ -1,0 +1,628 @@
+"""edge_sdk.runtime end to end, on a real bundle exported from a tiny digits model trained here.
+
+Only the ``bundle`` fixture needs torch (it trains and exports); everything else runs on the
+device install. With ``EDGE_SDK_TEST_BUNDLE`` set, the fixture reuses the bundle at that path
+when it exists (the torch-free CI run) and otherwise exports it there (the main run).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import edge_sdk
+from edge_sdk import metrics as M
+from edge_sdk import runtime
+from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
+from edge_sdk.errors import BudgetError, BundleError, EdgeSdkError, InputError
+from edge_sdk.policy import Budget
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLE_ENV = "EDGE_SDK_TEST_BUNDLE"
+PLENTY_MB = 1e6
+QUIET = {"progress": False, "log": lambda *a: None}
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    wanted = os.environ.get(BUNDLE_ENV)
+    if wanted and (Path(wanted) / MANIFEST_NAME).is_file():
+        return Path(wanted)
+    pytest.importorskip("torch", exc_type=ImportError)  # absent, or made to fail
+    from exporters.export import ExportOptions, export_bundle
+    from trainer.config import load_config
+    from trainer.train import train
+
+    work = tmp_path_factory.mktemp("runtime")
+    cfg = load_config("digits", ["train.epochs=2", "train.eval_every=100",
+                                 "data.calib_samples=64"])
+    res = train(cfg, work / "run", **QUIET)
+    out = Path(wanted) if wanted else work / "bundle"
+    return Path(export_bundle(res.checkpoint, out, ExportOptions(
+        widths=[0.5, 1.0], samples=2, measure=False, max_eval=50), **QUIET))
+
+
+@pytest.fixture(scope="module")
+def manifest(bundle) -> Manifest:
+    return read_manifest(bundle)
+
+
+@pytest.fixture(scope="module")
+def model(bundle) -> runtime.EdgeModel:
+    """Shared, only ever used with an unconstrained budget (its policy state is shared)."""
+    return edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
+
+
+@pytest.fixture(scope="module")
+def xs(manifest) -> np.ndarray:
+    """Real digits when scikit-learn is installed (plus a few random images), else random."""
+    shape = tuple(manifest.input.shape[1:])
+    lo, hi = manifest.input.value_range
+    rng = np.random.default_rng(0)
+    noise = rng.uniform(lo, hi, size=(8, *shape)).astype(np.float32)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        return np.concatenate([noise, rng.integers(int(lo), int(hi) + 1, size=(32, *shape))
+                               .astype(np.float32)])
+    images = load_digits().images[:32].reshape(-1, *shape).astype(np.float32)
+    return np.concatenate([images, noise])
+
+
+def copy_bundle(bundle: Path, dst: Path) -> Path:
+    shutil.copytree(bundle, dst)
+    return dst
+
+
+def with_thresholds(bundle: Path, dst: Path, thresholds: dict) -> Path:
+    """A copy of ``bundle`` whose every configuration has ``thresholds`` (the manifest is not
+    covered by a checksum, so this is still a valid bundle)."""
+    copy_bundle(bundle, dst)
+    data = read_manifest(dst).to_dict()
+    for c in data["configurations"]:
+        c["thresholds"] = dict(thresholds)
+    (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
+    return dst
+
+
+class StepClock:
+    """A fake perf_counter: every reading is ``step_ms`` after the previous one, so each
+    ``_run`` measures exactly ``step_ms``."""
+
+    def __init__(self, step_ms: float):
+        self.t, self.step = 0.0, step_ms / 1000
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def widest(configs):
+    return max(configs, key=lambda c: c.width)
+
+
+def narrowest(configs):
+    return min(configs, key=lambda c: c.width)
+
+
+# --------------------------------------------------------------------------- verified loading
+
+
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """Fails the test if the runtime gets as far as creating an interpreter."""
+    def refuse():
+        raise AssertionError("an interpreter was requested before the bundle was verified")
+
+    monkeypatch.setattr(runtime, "interpreter_class", refuse)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing", "extend"])
+@pytest.mark.parametrize("which", [0, -1])  # the first file and the last (an 'all' sample)
+def test_damaged_file_is_refused_before_use(bundle, manifest, tmp_path, no_interpreter,
+                                            damage, which):
+    copy = copy_bundle(bundle, tmp_path / "b")
+    name = manifest.file_entries()[which].name
+    path = copy / name
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(bytes(data[:-1]))
+    elif damage == "extend":
+        path.write_bytes(bytes(data) + b"\0")
+    else:
+        path.unlink()
+    with pytest.raises(BundleError, match=name.replace(".", r"\.")):
+        edge_sdk.load(copy)
+
+
+def test_damaged_manifest_is_refused(bundle, tmp_path, no_interpreter):
+    copy = copy_bundle(bundle, tmp_path / "b")
+    text = (copy / MANIFEST_NAME).read_text()
+    (copy / MANIFEST_NAME).write_text(text.replace("schema_version: 1", "schema_version: 2"))
+    with pytest.raises(BundleError, match="schema version"):
+        edge_sdk.load(copy)
+    (copy / MANIFEST_NAME).write_text(text[: len(text) // 2] + "\n  - [unclosed")
+    with pytest.raises(BundleError):
+        edge_sdk.load(copy)
+    (copy / MANIFEST_NAME).write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(BundleError):
+        edge_sdk.load(copy)
+    (copy / MANIFEST_NAME).unlink()
+    with pytest.raises(BundleError, match=MANIFEST_NAME):
+        edge_sdk.load(copy)
+    with pytest.raises(BundleError):
+        edge_sdk.load(tmp_path / "nowhere")
+
+
+def test_file_name_outside_the_bundle_is_refused(bundle, manifest, tmp_path, no_interpreter):
+    copy = copy_bundle(bundle, tmp_path / "b")
+    name = manifest.file_entries()[0].name
+    shutil.move(copy / name, tmp_path / name)
+    text = (copy / MANIFEST_NAME).read_text()
+    (copy / MANIFEST_NAME).write_text(text.replace(f"name: {name}", f"name: ../{name}"))
+    with pytest.raises(BundleError):
+        edge_sdk.load(copy)
+    # a symlink inside the bundle pointing out of it
+    (copy / MANIFEST_NAME).write_text(text)
+    (copy / name).symlink_to(tmp_path / name)
+    with pytest.raises(BundleError, match="outside"):
+        edge_sdk.load(copy)
+
+
+def test_load_reports_backend_and_input_spec(model, manifest):
+    assert model.backend in ("litert", "tflite-runtime")
+    assert model.input_spec == manifest.input
+    assert tuple(model.input_spec.shape) == (1, 8, 8, 1)
+
+
+# --------------------------------------------------------------------------- input validation
+
+SHAPE = (8, 8, 1)
+
+
+def expect(match: str):
+    return pytest.raises(InputError, match=match)
+
+
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=9).filter(
+    lambda s: s != SHAPE))
+def test_wrong_shape_is_an_input_error(model, shape):
+    with expect(r"shape \[8, 8, 1\]") as info:
+        model.predict(np.ones(shape, np.float32))
+    assert str(list(shape)) in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [
+    np.ones(SHAPE, bool), np.ones(SHAPE, object), np.full(SHAPE, "1"), np.full(SHAPE, b"1"),
+    np.ones(SHAPE, np.complex64), np.ones(SHAPE, "datetime64[s]"),
+], ids=["bool", "object", "str", "bytes", "complex", "datetime"])
+def test_wrong_dtype_is_an_input_error(model, bad):
+    with expect(r"numeric \(uint8 or float\)") as info:
+        model.predict(bad)
+    assert str(bad.dtype) in str(info.value)
+
+
+@given(value=st.sampled_from([math.nan, math.inf, -math.inf]),
+       dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+       index=st.tuples(st.integers(0, 7), st.integers(0, 7), st.just(0)))
+def test_non_finite_is_an_input_error(model, value, dtype, index):
+    x = np.ones(SHAPE, dtype)
+    x[index] = value
+    with expect("NaN or infinite"):
+        model.predict(x)
+
+
+@given(value=st.one_of(st.floats(-1e30, -1e-3), st.floats(16.001, 1e30)),
+       dtype=st.sampled_from([np.float32, np.float64]),
+       index=st.tuples(st.integers(0, 7), st.integers(0, 7), st.just(0)))
+def test_values_outside_the_range_are_an_input_error(model, value, dtype, index):
+    x = np.full(SHAPE, 3.0, dtype)
+    x[index] = value
+    with expect(r"range \[0, 16\]"):
+        model.predict(x)
+
+
+@pytest.mark.parametrize("bad", [np.full(SHAPE, 255, np.uint8), np.full(SHAPE, -1, np.int64),
+                                 np.full(SHAPE, 2 ** 62, np.int64)])
+def test_integer_values_outside_the_range_are_an_input_error(model, bad):
+    with expect(r"range \[0, 16\]"):
+        model.predict(bad)
+
+
+@pytest.mark.parametrize("bad", [None, "digits", 3.0, [], {"x": 1},
+                                 np.zeros((0, 8, 1)), np.zeros((1, 8, 8, 1)),
+                                 np.zeros((10_000, 8, 8, 1), np.float32)],
+                         ids=["none", "str", "scalar", "empty-list", "dict", "empty",
+                              "batched", "huge-batch"])
+def test_non_samples_are_input_errors(model, bad):
+    with expect(r"8, 8, 1"):
+        model.predict(bad)
+
+
+def test_ragged_list_is_an_input_error(model):
+    with pytest.raises(InputError):
+        model.predict([[1, 2], [3]])
+
+
+def test_ragged_list_message_names_the_expected_shape(model):
+    with expect(r"8, 8, 1"):
+        model.predict([[1, 2], [3]])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_huge_finite_value_names_the_range(model):
+    with expect(r"range \[0, 16\]"):
+        model.predict(np.full(SHAPE, 1e300))
+
+
+@settings(max_examples=25)
+@given(data=st.data(), dtype=st.sampled_from([np.uint8, np.int32, np.float16, np.float32,
+                                              np.float64]))
+def test_valid_inputs_in_any_numeric_dtype_are_accepted(model, data, dtype):
+    x = data.draw(hnp.arrays(dtype, SHAPE, elements=st.integers(0, 16)))
+    p = model.predict(x)
+    ref = model.predict(x.astype(np.float32))
+    assert p.probs == pytest.approx(ref.probs, abs=1e-6)
+    assert model.predict(x.tolist()).label == p.label  # nested lists work too
+
+
+def test_predict_batch_validates_its_batch(model, xs):
+    with expect(r"\[N, 8, 8, 1\]"):
+        model.predict_batch(xs[0])  # one sample, not a batch
+    with expect(r"N >= 1"):
+        model.predict_batch(np.zeros((0, *SHAPE), np.float32))
+    bad = xs[:3].copy()
+    bad[1, 0, 0, 0] = np.nan
+    with expect("NaN"):
+        model.predict_batch(bad)
+
+
+def test_predict_batch_ragged_list_is_an_input_error(model):
+    with pytest.raises(InputError):
+        model.predict_batch([np.zeros(SHAPE), np.zeros((8, 8))])
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def test_prediction_fields_hold_for_every_configuration(model, manifest, xs):
+    log_c = math.log(manifest.num_classes)
+    for c in manifest.configurations:
+        for x in xs[::4]:
+            p = model.predict(x, config_id=c.id)
+            probs = np.array(p.probs)
+            assert probs.shape == (manifest.num_classes,) and (probs >= 0).all()
+            assert probs.sum() == pytest.approx(1.0, abs=1e-9)
+            assert p.confidence == probs.max()
+            assert p.label == int(probs.argmax()) and isinstance(p.label, int)
+            assert p.class_name == manifest.labels[p.label]
+            assert -1e-12 <= p.entropy <= log_c + 1e-9
+            assert p.mutual_info >= 0 and p.mutual_info <= p.entropy + 1e-12
+            if c.scope == "point":
+                assert p.mutual_info == 0
+            assert (p.width, p.scope, p.samples, p.config_id) == (c.width, c.scope, c.samples,
+                                                                    c.id)
+            assert p.latency_ms >= 0
+            d = json.loads(json.dumps(p.to_dict()))
+            assert d["config_id"] == c.id and d["probs"] == list(p.probs)
+            assert set(d) >= {"label", "class_name", "probs", "confidence", "entropy",
+                              "mutual_info", "abstain", "width", "samples", "latency_ms",
+                              "budget_met"}
+
+
+def test_prediction_is_frozen(model, xs):
+    p = model.predict(xs[0])
+    with pytest.raises(AttributeError):
+        p.label = 3  # type: ignore[misc]
+
+
+def test_uncertainty_maths_match_edge_sdk_metrics(model, manifest, xs):
+    """The runtime inlines softmax / entropy / MI: check them against edge_sdk.metrics on the
+    interpreter's own logits at the configuration's temperature."""
+    sampled = [c for c in manifest.configurations if c.scope != "point"]
+    assert sampled, "the bundle should have sampled configurations"
+    for c in manifest.configurations:
+        for x in xs[::8]:
+            logits, _ = model._run(c, model._prepare(x, "x"))
+            assert logits.shape == (1 if c.scope == "point" else c.samples, manifest.num_classes)
+            probs_s = M.softmax(logits.astype(np.float64), temperature=c.temperature)[:, None, :]
+            p = model.predict(x, config_id=c.id)
+            assert p.probs == pytest.approx(probs_s.mean(0)[0].tolist(), abs=1e-9)
+            assert p.entropy == pytest.approx(M.predictive_entropy(probs_s)[0], abs=1e-9)
+            assert p.mutual_info == pytest.approx(M.mutual_information(probs_s)[0], abs=1e-9)
+
+
+def test_unconstrained_budget_chooses_the_lowest_val_nll(bundle, manifest, xs):
+    m = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
+    best = min(manifest.configurations, key=lambda c: (c.val_nll, -c.width, c.invokes))
+    for x in xs[:5]:
+        p = m.predict(x)
+        assert (p.config_id, p.budget_met) == (best.id, True)
+
+
+@pytest.mark.parametrize("target", [0.9, 0.95, 0.99])
+def test_abstain_follows_the_exported_threshold(bundle, manifest, xs, target):
+    m = edge_sdk.load(bundle, target_accuracy=target, memory_reader=lambda: PLENTY_MB)
+    key = f"{target:g}"
+    for c in manifest.configurations:
+        threshold = c.thresholds[key]
+        for x in xs[::2]:
+            p = m.predict(x, config_id=c.id)
+            assert p.abstain == (threshold is None or p.confidence < threshold), (c.id, threshold)
+
+
+def test_abstain_with_forced_thresholds(bundle, tmp_path, xs):
+    forced = with_thresholds(bundle, tmp_path / "b", {"0.9": 0.0, "0.99": None, "0.95": 1.0})
+    never = edge_sdk.load(forced, target_accuracy=0.9)
+    always = edge_sdk.load(forced, target_accuracy=0.99)
+    at_one = edge_sdk.load(forced, target_accuracy=0.95)
+    for x in xs[::4]:
+        assert not never.predict(x).abstain
+        assert always.predict(x).abstain
+        p = at_one.predict(x)
+        assert p.abstain == (p.confidence < 1.0)
+
+
+def test_unknown_target_accuracy_names_the_available_ones(bundle):
+    with pytest.raises(BudgetError) as info:
+        edge_sdk.load(bundle, target_accuracy=0.5)
+    message = str(info.value)
+    assert "0.5" in message
+    for have in ("0.9", "0.95", "0.99"):
+        assert have in message
+
+
+def test_non_numeric_target_accuracy_is_a_typed_error(bundle):
+    with pytest.raises(EdgeSdkError):
+        edge_sdk.load(bundle, target_accuracy="0.95")
+
+
+def test_unknown_policy_is_a_typed_error(bundle):
+    with pytest.raises(EdgeSdkError, match="cascade"):
+        edge_sdk.load(bundle, policy="fastest")
+
+
+# --------------------------------------------------------------------------- budgets in the runtime
+
+
+def test_budget_on_the_model_and_per_call(bundle, manifest, xs):
+    m = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
+    narrow_mb = max(m.policy.memory_need_mb(c) for c in manifest.configurations if c.width < 1)
+    wide_mb = min(m.policy.memory_need_mb(c) for c in manifest.configurations if c.width == 1)
+    assert narrow_mb < wide_mb
+    m.budget = Budget(memory_mb=(narrow_mb + wide_mb) / 2)
+    assert m.predict(xs[0]).width < 1
+    assert m.predict(xs[0], budget=Budget()).width == 1.0  # a per-call budget wins
+    m.budget = Budget()
+    assert m.predict(xs[0]).width == 1.0
+    with pytest.raises(BudgetError):
+        m.budget = 5  # type: ignore[assignment]
+    with pytest.raises(BudgetError):
+        m.predict(xs[0], budget=Budget(latency_ms=-1))
+
+
+def test_low_available_memory_steps_the_width_down(bundle, manifest, xs):
+    need = {c.id: c for c in manifest.configurations}
+    probe = edge_sdk.load(bundle)
+    narrow_mb = max(probe.policy.memory_need_mb(c) for c in manifest.configurations
+                    if c.width < 1)
+    m = edge_sdk.load(bundle, memory_reader=lambda: narrow_mb)
+    p = m.predict(xs[0])
+    assert p.width < 1 and p.budget_met
+    assert probe.policy.memory_need_mb(need[p.config_id]) <= narrow_mb
+
+
+def test_infeasible_budget_in_the_runtime(bundle, manifest, xs):
+    m = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
+    p = m.predict(xs[0], budget=Budget(memory_mb=1e-6))
+    cheapest = min(manifest.configurations,
+                   key=lambda c: (m.policy.predicted_latency_ms(c), m.policy.memory_need_mb(c)))
+    assert (p.config_id, p.budget_met) == (cheapest.id, False)
+    strict = edge_sdk.load(bundle, strict=True, memory_reader=lambda: PLENTY_MB)
+    with pytest.raises(BudgetError, match="1e-06 MB"):
+        strict.predict(xs[0], budget=Budget(memory_mb=1e-6))
+    tiny = edge_sdk.load(bundle, memory_reader=lambda: 1e-3)  # nothing fits in RAM right now
+    assert not tiny.predict(xs[0]).budget_met
+
+
+def test_measured_latency_feeds_the_policy_and_budget_met(bundle, manifest, xs):
+    m = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB, clock=StepClock(2.0))
+    p = m.predict(xs[0])
+    assert p.latency_ms == pytest.approx(2.0)
+    c = manifest.configuration(p.config_id)
+    assert m.policy.predicted_latency_ms(c) == pytest.approx(2.0)  # measured overrides manifest
+    # predicted (manifest / MACs) fits 1.5 ms for some config, but every call measures 2 ms
+    cheapest = min(m.policy.predicted_latency_ms(c) for c in manifest.configurations)
+    if cheapest <= 1.5:
+        assert not m.predict(xs[0], budget=Budget(latency_ms=1.5)).budget_met
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_eight_threads_agree_with_sequential_calls(model, manifest, xs):
+    ids = [c.id for c in manifest.configurations]
+    jobs = [(i % len(xs), None if i % 3 else ids[i % len(ids)]) for i in range(600)]
+
+    def run(job):
+        i, cid = job
+        p = model.predict(xs[i], config_id=cid)
+        return p.label, p.probs, p.config_id, threading.get_ident()
+
+    sequential = [run(j)[:3] for j in jobs]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        concurrent = list(pool.map(run, jobs))
+    assert len({t for *_, t in concurrent}) > 1, "the jobs should run on several threads"
+    for (label, probs, cid), (clabel, cprobs, ccid, _) in zip(sequential, concurrent):
+        assert (clabel, ccid) == (label, cid)
+        np.testing.assert_allclose(cprobs, probs, rtol=0, atol=1e-6)
+
+
+def test_predict_batch_equals_individual_predicts(model, xs):
+    batch = model.predict_batch(xs[:12])
+    single = [model.predict(x) for x in xs[:12]]
+    assert [(p.label, p.config_id) for p in batch] == [(p.label, p.config_id) for p in single]
+    for a, b in zip(batch, single):
+        np.testing.assert_allclose(a.probs, b.probs, rtol=0, atol=1e-6)
+    assert [p.label for p in model.predict_batch(list(xs[:3]))] == [p.label for p in single[:3]]
+
+
+# --------------------------------------------------------------------------- cascade
+
+
+@pytest.fixture(scope="module")
+def forced(bundle, tmp_path_factory) -> Path:
+    """0.9 never abstains (threshold 0), 0.99 always abstains (threshold None)."""
+    return with_thresholds(bundle, tmp_path_factory.mktemp("forced") / "b",
+                           {"0.9": 0.0, "0.95": 0.5, "0.99": None})
+
+
+def cascade_ladder(manifest, best_id):
+    best = manifest.configuration(best_id)
+    ladder = [c for c in manifest.configurations if c.scope == best.scope and c.width <= best.width]
+    return narrowest(ladder), widest(ladder)
+
+
+def test_cascade_escalates_to_the_widest_when_always_unsure(forced, manifest, xs):
+    m = edge_sdk.load(forced, target_accuracy=0.99, policy="cascade",
+                      memory_reader=lambda: PLENTY_MB)
+    best = edge_sdk.load(forced, memory_reader=lambda: PLENTY_MB).predict(xs[0]).config_id
+    low, high = cascade_ladder(manifest, best)
+    assert low.width < high.width, "the unconstrained choice should have a narrower sibling"
+    for x in xs[:6]:
+        p = m.predict(x)
+        assert p.config_id == high.id and p.abstain
+        assert p.probs == pytest.approx(m.predict(x, config_id=high.id).probs, abs=1e-6)
+
+
+def test_cascade_stops_at_the_narrowest_when_sure(forced, manifest, xs):
+    m = edge_sdk.load(forced, target_accuracy=0.9, policy="cascade",
+                      memory_reader=lambda: PLENTY_MB)
+    best = edge_sdk.load(forced, memory_reader=lambda: PLENTY_MB).predict(xs[0]).config_id
+    low, high = cascade_ladder(manifest, best)
+    assert low.width < high.width
+    for x in xs[:6]:
+        p = m.predict(x)
+        assert p.config_id == low.id and not p.abstain and p.width == low.width
+
+
+def test_cascade_escalates_only_below_the_exported_threshold(bundle, manifest, xs):
+    """With the real thresholds: the narrow answer stands when it is confident enough, else
+    the next width answers."""
+    m = edge_sdk.load(bundle, policy="cascade", memory_reader=lambda: PLENTY_MB)
+    best = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB).predict(xs[0]).config_id
+    low, high = cascade_ladder(manifest, best)
+    key = f"{m.target_accuracy:g}"
+    escalated = 0
+    for x in xs:
+        narrow = m.predict(x, config_id=low.id)
+        p = m.predict(x)
+        if low.thresholds[key] is not None and narrow.confidence >= low.thresholds[key]:
+            assert p.config_id == low.id
+            assert p.probs == pytest.approx(narrow.probs, abs=1e-6)
+        else:
+            escalated += 1
+            assert p.config_id == high.id
+            assert p.abstain == m.predict(x, config_id=high.id).abstain
+    assert escalated < len(xs)
+
+
+def test_cascade_stays_within_a_memory_budget(forced, manifest, xs):
+    m = edge_sdk.load(forced, target_accuracy=0.99, policy="cascade",
+                      memory_reader=lambda: PLENTY_MB)
+    narrow_mb = max(m.policy.memory_need_mb(c) for c in manifest.configurations if c.width < 1)
+    p = m.predict(xs[0], budget=Budget(memory_mb=narrow_mb))
+    assert p.width < 1 and p.abstain and p.budget_met
+
+
+def test_cascade_escalates_only_while_the_latency_budget_has_room(forced, manifest, xs):
+    """Each invoke measures 1 ms (fake clock) and the thresholds always abstain. A budget that
+    just fits the cheapest full-width configuration leaves no room after the narrow run (1 ms +
+    its prediction > budget): the narrow answer stands. A roomy budget escalates."""
+    def fresh():
+        return edge_sdk.load(forced, memory_reader=lambda: PLENTY_MB)
+
+    pred = fresh().policy.predicted_latency_ms
+    tight = min(pred(c) for c in manifest.configurations if c.width == 1.0)
+    roomy = 1.0 + max(pred(c) for c in manifest.configurations) + 1.0
+    for budget, rung, spent in [(tight, narrowest, 1.0), (roomy, widest, 2.0)]:
+        best = fresh().policy.choose(Budget(latency_ms=budget))[0]
+        assert best.width == 1.0, "the best fitting configuration should be full width"
+        low, high = cascade_ladder(manifest, best.id)
+        m = edge_sdk.load(forced, target_accuracy=0.99, policy="cascade",
+                          memory_reader=lambda: PLENTY_MB, clock=StepClock(1.0))
+        p = m.predict(xs[0], budget=Budget(latency_ms=budget))
+        assert p.config_id == rung([low, high]).id, budget
+        assert p.latency_ms == pytest.approx(spent) and p.abstain
+
+
+# --------------------------------------------------------------------------- torch-free
+
+
+BLOCK_TORCH = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class BlockTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ModuleNotFoundError("torch is blocked in this test", name=name)
+            return None
+
+    sys.meta_path.insert(0, BlockTorch())
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("the torch blocker does not work")
+""")
+
+
+def run_without_torch(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))}
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH + textwrap.dedent(code)],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_runtime_imports_without_torch():
+    res = run_without_torch("""
+        import edge_sdk, edge_sdk.runtime, edge_sdk.policy, edge_sdk.bundle
+        from edge_sdk import load, Budget, EdgeModel, Prediction
+        assert "torch" not in sys.modules, sorted(m for m in sys.modules if "torch" in m)
+        print("ok")
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
+
+
+def test_load_and_predict_without_torch(bundle):
+    res = run_without_torch(f"""
+        import json, numpy as np, edge_sdk
+        m = edge_sdk.load({str(bundle)!r}, policy="cascade")
+        p = m.predict(np.full((8, 8, 1), 3.0, np.float32), budget=edge_sdk.Budget(latency_ms=100))
+        assert "torch" not in sys.modules
+        print(json.dumps(p.to_dict()))
+    """)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout.strip().splitlines()[-1])
+    assert sum(d["probs"]) == pytest.approx(1.0)
