@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
+from trainer.layers import BayesNestedConv2d, BayesNestedLayer
 from trainer.models import create_model
 
 

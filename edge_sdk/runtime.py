@@ -7,13 +7,12 @@
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 

@@ -9,7 +9,6 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from edge_sdk.errors import ConfigError
 from trainer.layers import BayesNestedLayer, WeightKL
 from trainer.ordering import DownhillOrdering
 

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edge_sdk import metrics as M
 from edge_sdk.errors import ConfigError
 from trainer.config import Config, PWFNConfig, validate
 from trainer.data import DataSplits
