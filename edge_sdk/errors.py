@@ -32,3 +32,7 @@ class BundleError(EdgeSdkError, ValueError):
 
 class BudgetError(EdgeSdkError, ValueError):
     """A budget is invalid, or (strict mode) cannot be met."""
+
+
+class ProfileError(EdgeSdkError, ValueError):
+    """A device profile is missing, malformed or fails its schema."""

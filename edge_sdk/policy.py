@@ -6,10 +6,15 @@ latency is within the latency budget and its memory need is within both the memo
 the memory available right now. Nothing fits: the cheapest configuration, flagged
 ``budget_met=False`` (or ``BudgetError`` in strict mode).
 
-Predicted latency is an EWMA of latencies measured on this device once there are any, else the
-manifest's host-measured latency (else a MACs-based estimate). Hysteresis: the configuration
-chosen last keeps being chosen while its prediction stays within ``1 + hysteresis`` of the
-budget, so a latency hovering at the budget does not flap between two widths.
+Predicted latency is an EWMA of latencies measured on this device once there are any, else a
+prior: the device profile's figure (a measured profile's latency table, or a published profile's
+MACs-based estimate) when the runtime was given one, else the manifest's host-measured latency,
+else a deliberately slow MACs-based fallback. A measurement ages: with no new observation its
+weight halves every ``half_life_s`` towards the prior, so a configuration measured slow during a
+transient (another app, thermal throttling) is tried again later instead of being shunned for
+good. Hysteresis: the configuration chosen last keeps being chosen while its prediction stays
+within ``1 + hysteresis`` of the budget, so a latency hovering at the budget does not flap
+between two widths.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import math
 import numbers
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -72,41 +77,83 @@ class Policy:
     """Selects configurations and learns their latency on this device."""
 
     def __init__(self, configs: Sequence[Configuration], memory: MemoryProbe,
-                 ewma: float = 0.2, hysteresis: float = 0.1):
+                 ewma: float = 0.2, hysteresis: float = 0.1,
+                 priors: Mapping[str, float] | None = None, half_life_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.memory = memory
+        self.ewma, self.hysteresis, self.half_life_s = ewma, hysteresis, half_life_s
+        self._priors = dict(priors or {})
+        self._clock = clock
+        self._measured: dict[str, tuple[float, float]] = {}  # id -> (EWMA ms, when observed)
+        self._last: str | None = None
+        self.configs = configs
+
+    @property
+    def configs(self) -> list[Configuration]:
+        return self._configs
+
+    @configs.setter
+    def configs(self, configs: Sequence[Configuration]) -> None:
         if not configs:
             raise BudgetError("a bundle with no configurations cannot serve predictions")
-        self.configs = list(configs)
-        self.memory = memory
-        self.ewma, self.hysteresis = ewma, hysteresis
-        self._measured: dict[str, float] = {}
-        self._last: str | None = None
+        self._configs = list(configs)
+        self._by_id = {c.id: c for c in self._configs}
+        # the rule's order, computed once: the first configuration that fits is the choice
+        self._ranked = sorted(self._configs, key=self.preference)
+        self._need = {c.id: self.memory_need_mb(c) for c in self._configs}
 
     # ---- predictions about a configuration ------------------------------------------------
-    def predicted_latency_ms(self, c: Configuration) -> float:
-        if c.id in self._measured:
-            return self._measured[c.id]
+    def prior_latency_ms(self, c: Configuration) -> float:
+        """What is believed before this device has measured ``c``."""
+        if c.id in self._priors:
+            return self._priors[c.id]
         if c.latency_ms is not None:
             return c.latency_ms
         return c.invokes * (c.macs / (FALLBACK_GMACS * 1e6) + FALLBACK_OVERHEAD_MS)
 
-    def memory_need_mb(self, c: Configuration) -> float:
+    def _predicted(self, c: Configuration, now: float) -> float:
+        m = self._measured.get(c.id)
+        if m is None:
+            return self.prior_latency_ms(c)
+        # weight of the prior: 0 for a fresh measurement, -> 1 as it ages
+        stale = 1.0 - 0.5 ** ((now - m[1]) / self.half_life_s)
+        return m[0] if stale < 1e-3 else (1 - stale) * m[0] + stale * self.prior_latency_ms(c)
+
+    def predicted_latency_ms(self, c: Configuration) -> float:
+        return self._predicted(c, self._clock())
+
+    @staticmethod
+    def memory_need_mb(c: Configuration) -> float:
         if c.memory_mb is not None:
             return c.memory_mb
         return sum(f.bytes for f in c.files) * 4 / 2 ** 20  # DEQUANTIZE keeps an fp32 copy
 
     def observe(self, config_id: str, latency_ms: float) -> None:
+        """Fold a measured latency into the configuration's EWMA. The older the previous
+        estimate, the more the new measurement counts (a stale estimate is mostly prior)."""
+        now = self._clock()
         old = self._measured.get(config_id)
-        self._measured[config_id] = latency_ms if old is None else \
-            (1 - self.ewma) * old + self.ewma * latency_ms
+        if old is None:
+            new = latency_ms
+        else:
+            a = max(self.ewma, 1.0 - 0.5 ** ((now - old[1]) / self.half_life_s))
+            new = (1 - a) * self._predicted(self._by_id[config_id], now) + a * latency_ms
+        self._measured[config_id] = (new, now)
 
     # ---- the rule --------------------------------------------------------------------------
+    def _fits(self, c: Configuration, latency: float | None, mem_limit: float, now: float,
+              slack: float = 1.0) -> bool:
+        need = self._need.get(c.id)
+        if (self.memory_need_mb(c) if need is None else need) > mem_limit:
+            return False
+        return latency is None or self._predicted(c, now) <= latency * slack
+
+    def _limit(self, budget: Budget) -> float:
+        avail = self.memory.available_mb()
+        return avail if budget.memory_mb is None else min(budget.memory_mb, avail)
+
     def fits(self, c: Configuration, budget: Budget, slack: float = 1.0) -> bool:
-        if budget.latency_ms is not None and self.predicted_latency_ms(c) > budget.latency_ms * slack:
-            return False
-        need = self.memory_need_mb(c)
-        if budget.memory_mb is not None and need > budget.memory_mb:
-            return False
-        return need <= self.memory.available_mb()
+        return self._fits(c, budget.latency_ms, self._limit(budget), self._clock(), slack)
 
     @staticmethod
     def preference(c: Configuration) -> tuple:
@@ -118,24 +165,24 @@ class Policy:
     def choose(self, budget: Budget, strict: bool = False,
                among: Sequence[Configuration] | None = None) -> tuple[Configuration, bool]:
         """(configuration, budget_met) for this call."""
-        pool = list(among) if among is not None else self.configs
-        feasible = [c for c in pool if self.fits(c, budget)]
-        if self._last is not None:
-            last = next((c for c in pool if c.id == self._last), None)
+        pool = self._ranked if among is None else sorted(among, key=self.preference)
+        now, limit, latency = self._clock(), self._limit(budget), budget.latency_ms
+        best = next((c for c in pool if self._fits(c, latency, limit, now)), None)
+        if self._last is not None and (best is None or best.id != self._last):
+            last = self._by_id.get(self._last)
             # keep the previous choice while it is still within the hysteresis band and no
             # strictly better configuration fits
-            if last is not None and self.fits(last, budget, 1 + self.hysteresis):
-                best = min(feasible, key=self.preference) if feasible else None
-                if best is None or self.preference(best) >= self.preference(last):
-                    return last, True
-        if feasible:
-            choice = min(feasible, key=self.preference)
-            self._last = choice.id
-            return choice, True
+            if last is not None and last in pool and \
+                    self._fits(last, latency, limit, now, 1 + self.hysteresis) and \
+                    (best is None or self.preference(best) >= self.preference(last)):
+                return last, True
+        if best is not None:
+            self._last = best.id
+            return best, True
+        cheapest = min(pool, key=self.cost)
         if strict:
             raise BudgetError(
                 f"no configuration fits latency {budget.latency_ms} ms / memory "
                 f"{budget.memory_mb} MB (available {self.memory.available_mb():.0f} MB); the "
-                f"cheapest, {min(pool, key=self.cost).id}, needs "
-                f"{self.predicted_latency_ms(min(pool, key=self.cost)):.3f} ms")
-        return min(pool, key=self.cost), False
+                f"cheapest, {cheapest.id}, needs {self.predicted_latency_ms(cheapest):.3f} ms")
+        return cheapest, False

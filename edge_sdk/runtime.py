@@ -7,6 +7,9 @@
 """
 from __future__ import annotations
 
+import math
+import operator
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +23,7 @@ from edge_sdk.backends import interpreter_class
 from edge_sdk.bundle import Configuration, Manifest, read_manifest, resolve_file
 from edge_sdk.errors import BudgetError, InputError
 from edge_sdk.policy import Budget, MemoryProbe, Policy
+from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 
 POLICIES = ("best", "cascade")
 
@@ -48,12 +52,16 @@ class EdgeModel:
     """A loaded bundle. Thread-safe: each thread gets its own interpreters (LiteRT interpreters
     are not thread-safe), created lazily and kept resident up to ``memory_cap_mb`` per thread."""
 
-    def __init__(self, bundle_dir: str | Path, *, threads: int | None = None,
+    def __init__(self, bundle_dir: str | Path, *, profile: str | os.PathLike | None = "auto",
+                 threads: int | None = None,
                  target_accuracy: float = 0.95, policy: str = "best", strict: bool = False,
                  memory_reader: Callable[[], float] | None = None,
                  memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter):
         self.bundle_dir = Path(bundle_dir)
         self.manifest: Manifest = read_manifest(self.bundle_dir, verify=True)  # sha256 first
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads < 1):
+            raise BudgetError(f"threads must be a positive integer or None, got {threads!r}")
         if policy not in POLICIES:
             raise BudgetError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
@@ -70,15 +78,48 @@ class EdgeModel:
         self._target_key = key
         self.threads = threads
         self._interp_cls, self.backend = interpreter_class()
-        self.policy = Policy(self.manifest.configurations, MemoryProbe(memory_reader))
+        self.profile, self.latency_source, priors = self._priors(profile)
+        self.policy = Policy(self.manifest.configurations, MemoryProbe(memory_reader),
+                             priors=priors)
         self.budget = Budget()
         self.memory_cap_mb = memory_cap_mb
         self._clock = clock
         self._local = threading.local()
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         spec = self.manifest.input
-        self._mean = np.asarray(spec.mean, np.float32)
-        self._std = np.asarray(spec.std, np.float32)
+        std = np.asarray(spec.std, np.float32)
+        self._scale = (1.0 / std).astype(np.float32)  # (raw - mean) / std as one multiply-add
+        self._shift = (-np.asarray(spec.mean, np.float32) / std).astype(np.float32)
+        self._want = tuple(spec.shape[1:])
+        lo, hi = spec.value_range
+        self._lo = lo - 1e-6 * max(1.0, abs(lo))
+        self._hi = hi + 1e-6 * max(1.0, abs(hi))
+        self._classes = len(self.manifest.labels)
+        self._configs = {c.id: c for c in self.manifest.configurations}
+
+    def _priors(self, profile) -> tuple[DeviceProfile | None, str, dict[str, float]]:
+        """Latency believed per configuration before this process has measured it.
+
+        "auto": the measured profile ``edge-sdk profile`` cached for this bundle on this host,
+        else the manifest's latencies (measured on the exporting host). A name or path: that
+        profile's own latency table when it was measured on this very bundle, else its
+        MACs-based estimate (the manifest's host figures describe another machine). None: the
+        manifest only."""
+        if profile is None:
+            return None, "manifest", {}
+        configs = self.manifest.configurations
+        if isinstance(profile, str) and profile == "auto":
+            prof = find_cached(self.bundle_dir)
+            if prof is None:
+                return None, "manifest", {}
+        else:
+            prof = load_profile(profile)
+        if prof.bundle_sha256 == manifest_sha256(self.bundle_dir):
+            measured = {c.id: prof.measured_latency_ms(c.id, self.threads) for c in configs}
+            if all(v is not None for v in measured.values()):
+                return prof, f"measured profile {prof.name}", measured
+        return prof, f"profile {prof.name} (MACs estimate)", {
+            c.id: prof.estimate_ms(c.macs, c.invokes, self.threads, c.weights) for c in configs}
 
     # ---- public ----------------------------------------------------------------------------
     @property
@@ -101,8 +142,10 @@ class EdgeModel:
         pins a configuration (benchmarks, debugging) instead of letting the policy choose."""
         x = self._prepare(x, "x")
         if config_id is not None:
-            c = self.manifest.configuration(config_id)
+            c = self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
             logits, ms = self._run(c, x)
+            with self._lock:
+                self.policy.observe(c.id, ms)  # a real measurement on this device all the same
             return self._answer(c, logits, ms, True)
         return self._predict(x, budget or self._budget)
 
@@ -120,10 +163,9 @@ class EdgeModel:
 
     # ---- internals -------------------------------------------------------------------------
     def _prepare(self, x, what: str) -> np.ndarray:
-        spec = self.manifest.input
-        want = tuple(spec.shape[1:])
+        want = self._want
         try:
-            arr = np.asarray(x)
+            arr = x if type(x) is np.ndarray else np.asarray(x)
         except (ValueError, TypeError) as e:  # ragged lists and the like
             raise InputError(f"{what} must be an array of shape {list(want)} (NHWC, one sample);"
                              f" got something that is not array-like ({e})") from e
@@ -132,14 +174,16 @@ class EdgeModel:
                              f"{list(arr.shape)}")
         if arr.dtype.kind not in "uif" or arr.dtype == np.bool_:
             raise InputError(f"{what} must be numeric (uint8 or float), got dtype {arr.dtype}")
-        if not np.isfinite(arr).all():
-            raise InputError(f"{what} contains NaN or infinite values")
-        lo, hi = spec.value_range
+        # min and max propagate NaN and expose +-inf, so one pass each checks finiteness too;
         # checked before the float32 cast, so a huge float64 is reported as out of range
-        if arr.min() < lo - 1e-6 * max(1.0, abs(lo)) or arr.max() > hi + 1e-6 * max(1.0, abs(hi)):
-            raise InputError(f"{what} values must lie in the raw range [{lo:g}, {hi:g}] "
-                             f"(before normalisation), got [{arr.min():g}, {arr.max():g}]")
-        return ((arr.astype(np.float32) - self._mean) / self._std)[None]
+        lo, hi = float(arr.min()), float(arr.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise InputError(f"{what} contains NaN or infinite values")
+        if lo < self._lo or hi > self._hi:
+            a, b = self.manifest.input.value_range
+            raise InputError(f"{what} values must lie in the raw range [{a:g}, {b:g}] "
+                             f"(before normalisation), got [{lo:g}, {hi:g}]")
+        return (arr * self._scale + self._shift).astype(np.float32, copy=False)[None]
 
     def _interpreters(self, c: Configuration) -> list:
         cache: OrderedDict = getattr(self._local, "cache", None)
@@ -166,33 +210,55 @@ class EdgeModel:
     def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
         """[S, C] logits and the wall time of the invokes."""
         interps = self._interpreters(c)
-        classes = len(self.manifest.labels)
+        classes = self._classes
         t0 = self._clock()
-        rows = []
-        for it, inp, out in interps:
+        if len(interps) == 1:  # point and head: one invoke
+            it, inp, out = interps[0]
             it.set_tensor(inp, x)
             it.invoke()
-            rows.append(it.get_tensor(out).reshape(-1, classes))
-        return np.concatenate(rows, 0), (self._clock() - t0) * 1000
+            logits = it.get_tensor(out).reshape(-1, classes)
+        else:
+            rows = []
+            for it, inp, out in interps:
+                it.set_tensor(inp, x)
+                it.invoke()
+                rows.append(it.get_tensor(out).reshape(-1, classes))
+            logits = np.concatenate(rows, 0)
+        return logits, (self._clock() - t0) * 1000
 
     def _answer(self, c: Configuration, logits: np.ndarray, latency: float,
                 met: bool) -> Prediction:
-        # The same maths as edge_sdk.metrics (predictive entropy H[mean p], MI = H[mean p] -
-        # mean H[p], clamped at 0), inlined without its input validation: this is the hot path
-        # and the interpreter's outputs are known-good shapes.
-        z = logits.astype(np.float64) / c.temperature
-        z -= z.max(-1, keepdims=True)
-        p_s = np.exp(z)
-        p_s /= p_s.sum(-1, keepdims=True)
-        probs = p_s.mean(0)
-        label = int(probs.argmax())
-        conf = float(probs[label])
-        entropy = float(-(probs * np.log(np.where(probs > 0, probs, 1.0))).sum())
-        expected = float(-(p_s * np.log(np.where(p_s > 0, p_s, 1.0))).sum(-1).mean())
+        # The maths of edge_sdk.metrics (predictive entropy H[mean_s p_s], MI = H[mean p] -
+        # mean_s H[p_s] clamped at 0), inlined without input validation: this is the hot path.
+        # One sample (point configurations): plain floats, several times cheaper than numpy on
+        # ten classes; H[p] = log sum e^z - sum p z with z the shifted logits (no log 0).
+        inv_t = 1.0 / c.temperature
+        if logits.shape[0] == 1:
+            row = logits[0].tolist()
+            m = max(row)
+            e = [math.exp((v - m) * inv_t) for v in row]
+            s = sum(e)
+            probs = [v / s for v in e]
+            # sum_k p_k z_k with z = (row - m) / T, using sum_k p_k = 1
+            entropy = max(math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m), 0.0)
+            mi = 0.0
+        else:
+            z = logits.astype(np.float64) * inv_t
+            z -= z.max(-1, keepdims=True)
+            e = np.exp(z)
+            s = e.sum(-1, keepdims=True)
+            p_s = e / s
+            expected = float((np.log(s[:, 0]) - (p_s * z).sum(-1)).mean())
+            p = p_s.mean(0)
+            entropy = float(-(p * np.log(np.where(p > 0, p, 1.0))).sum())
+            mi = max(entropy - expected, 0.0)
+            probs = p.tolist()
+        label = max(range(len(probs)), key=probs.__getitem__)
+        conf = probs[label]
         threshold = c.thresholds[self._target_key]
         return Prediction(
-            label=label, class_name=self.manifest.labels[label], probs=tuple(probs.tolist()),
-            confidence=conf, entropy=entropy, mutual_info=max(entropy - expected, 0.0),
+            label=label, class_name=self.manifest.labels[label], probs=tuple(probs),
+            confidence=conf, entropy=entropy, mutual_info=mi,
             abstain=threshold is None or conf < threshold, width=c.width, scope=c.scope,
             samples=c.samples, config_id=c.id, latency_ms=latency, budget_met=met)
 
@@ -232,12 +298,14 @@ class EdgeModel:
         return self._answer(c, logits, spent, met and within)
 
 
-def load(bundle_dir: str | Path, profile: str | None = "auto", threads: int | None = None,
-         **kwargs) -> EdgeModel:
+def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
+         threads: int | None = None, **kwargs) -> EdgeModel:
     """Load and verify a bundle (schema version, every file's sha256) before anything runs.
 
-    ``profile``: "auto" uses latencies measured on this device as calls come in, seeded with
-    the manifest's host measurements; device-profile files are not read yet.
+    ``profile`` seeds the latency the policy expects of each configuration until this process
+    has measured it: "auto" (a measured profile cached by ``edge-sdk profile`` for this bundle
+    and host, else the manifest's host measurements), a built-in device profile name
+    (``raspberry_pi_4``, ...), a profile YAML path, or None (manifest only). ``threads`` is
+    the interpreter thread count (None: the runtime's default).
     """
-    del profile
-    return EdgeModel(bundle_dir, threads=threads, **kwargs)
+    return EdgeModel(bundle_dir, profile=profile, threads=threads, **kwargs)

@@ -61,6 +61,7 @@ class Reader:
 
 
 def policy(configs, available_mb: float = PLENTY_MB, **kw) -> Policy:
+    kw.setdefault("clock", FakeClock())  # measurements never age unless a test moves time
     return Policy(configs, MemoryProbe(reader=lambda: available_mb, clock=FakeClock()), **kw)
 
 

@@ -31,31 +31,10 @@ from edge_sdk.errors import BudgetError, BundleError, EdgeSdkError, InputError
 from edge_sdk.policy import Budget
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUNDLE_ENV = "EDGE_SDK_TEST_BUNDLE"
 PLENTY_MB = 1e6
-QUIET = {"progress": False, "log": lambda *a: None}
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    wanted = os.environ.get(BUNDLE_ENV)
-    if wanted and (Path(wanted) / MANIFEST_NAME).is_file():
-        return Path(wanted)
-    pytest.importorskip("torch", exc_type=ImportError)  # absent, or made to fail
-    from exporters.export import ExportOptions, export_bundle
-    from trainer.config import load_config
-    from trainer.train import train
-
-    work = tmp_path_factory.mktemp("runtime")
-    cfg = load_config("digits", ["train.epochs=2", "train.eval_every=100",
-                                 "data.calib_samples=64"])
-    res = train(cfg, work / "run", **QUIET)
-    out = Path(wanted) if wanted else work / "bundle"
-    return Path(export_bundle(res.checkpoint, out, ExportOptions(
-        widths=[0.5, 1.0], samples=2, measure=False, max_eval=50), **QUIET))
 
 
 @pytest.fixture(scope="module")

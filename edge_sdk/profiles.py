@@ -1,0 +1,397 @@
+"""Device profiles: how fast a device class runs a slice, before this device has measured it.
+
+A profile (``device_profiles/<name>.yaml``, schema version 1) states the device's cores, clock and
+RAM, and an effective throughput per route and thread count: ``gmacs`` (GMAC/s sustained on a
+CNN) and ``overhead_ms`` (fixed cost per ``invoke``). The runtime's latency estimate for a
+configuration is then ``invokes * (macs / (gmacs * 1e6) + overhead_ms)``. Built-in profiles carry
+published figures with a source comment on every number; ``edge-sdk profile`` writes a
+*measured* profile for this host and bundle, which also holds the per-configuration latencies
+it measured (``bundle.latency_ms``), and which ``load(..., profile="auto")`` finds in the cache.
+
+Routes: ``dequantize`` and ``float`` slices run fp32 kernels (DEQUANTIZE expands int8 weights to
+fp32 once, at allocation), so they use ``fp32``; ``hybrid`` slices use ``int8`` when the profile
+has it, else ``fp32``.
+
+stdlib + pyyaml only (device side).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from edge_sdk.errors import ProfileError
+
+SCHEMA_VERSION = 1
+ARCHES = ("arm64", "x86_64")
+ROUTES = ("fp32", "int8")
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    gmacs: float  # effective GMAC/s on a CNN at this thread count
+    overhead_ms: float  # fixed cost of one invoke (dispatch, small-op tail)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    description: str
+    cpu_model: str
+    cores: int
+    max_clock_ghz: float | None  # None: a measured host that does not report it
+    arch: str
+    ram_mb: int
+    throughput: Mapping[str, Mapping[int, Throughput]]  # route -> threads -> figures
+    measured: bool = False
+    sources: tuple[str, ...] = ()
+    # measured profiles only: which bundle, and its configurations' latency per thread count
+    bundle_sha256: str | None = None
+    latency_ms: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+
+    def figures(self, threads: int | None, weights: str = "dequantize") -> Throughput:
+        """The throughput entry for a route at ``threads`` (the largest listed thread count not
+        above it; ``None`` = all cores; below the smallest listed count, the smallest)."""
+        route = "int8" if weights == "hybrid" and "int8" in self.throughput else "fp32"
+        table = self.throughput[route]
+        want = self.cores if threads is None else threads
+        usable = [t for t in table if t <= want]
+        return table[max(usable) if usable else min(table)]
+
+    def estimate_ms(self, macs: int, invokes: int = 1, threads: int | None = None,
+                    weights: str = "dequantize") -> float:
+        f = self.figures(threads, weights)
+        return invokes * (macs / (f.gmacs * 1e6) + f.overhead_ms)
+
+    def measured_latency_ms(self, config_id: str, threads: int | None) -> float | None:
+        """This host's measured latency of a configuration at ``threads`` (exact thread count,
+        or for ``None`` the largest measured), when the profile has one."""
+        if not self.latency_ms:
+            return None
+        key = max(self.latency_ms) if threads is None else threads
+        return self.latency_ms.get(key, {}).get(config_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION, "name": self.name, "description": self.description,
+            "cpu": {"model": self.cpu_model, "cores": self.cores,
+                    "max_clock_ghz": self.max_clock_ghz, "arch": self.arch},
+            "ram_mb": self.ram_mb,
+            "throughput": {r: {str(t): {"gmacs": f.gmacs, "overhead_ms": f.overhead_ms}
+                               for t, f in sorted(tab.items())}
+                           for r, tab in self.throughput.items()},
+            "measured": self.measured, "sources": list(self.sources)}
+        if self.bundle_sha256 is not None:
+            d["bundle"] = {"manifest_sha256": self.bundle_sha256,
+                           "latency_ms": {str(t): dict(v) for t, v in sorted(self.latency_ms.items())}}
+        return d
+
+
+# ---------------------------------------------------------------- validation (schema version 1)
+
+
+def _fail(where: str, msg: str):
+    raise ProfileError(f"{where}: {msg}")
+
+
+def _get(d: Mapping, key: str, where: str) -> Any:
+    if key not in d:
+        _fail(where, f"missing key {key!r}")
+    return d[key]
+
+
+def _num(v: Any, where: str, *, integer: bool = False, positive: bool = True,
+         minimum: float | None = None) -> float:
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
+        _fail(where, f"expected {'an integer' if integer else 'a finite number'}, got {v!r}")
+    if minimum is not None and v < minimum:
+        _fail(where, f"expected a value >= {minimum:g}, got {v!r}")
+    if positive and minimum is None and v <= 0:
+        _fail(where, f"expected a value > 0, got {v!r}")
+    return v
+
+
+def _mapping(v: Any, where: str) -> Mapping:
+    if not isinstance(v, Mapping):
+        _fail(where, f"expected a mapping, got {type(v).__name__}")
+    return v
+
+
+def _thread_key(k: Any, where: str, cores: int) -> int:
+    try:
+        t = int(str(k))
+    except ValueError:
+        _fail(where, f"thread count keys must be integers, got {k!r}")
+    if not 1 <= t <= cores:
+        _fail(where, f"thread count {t} must be between 1 and cpu.cores ({cores})")
+    return t
+
+
+def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
+    d = _mapping(d, where)
+    unknown = set(d) - {"schema_version", "name", "description", "cpu", "ram_mb", "throughput",
+                        "measured", "sources", "bundle", "host"}
+    if unknown:
+        _fail(where, f"unknown keys {sorted(unknown)}")
+    version = _get(d, "schema_version", where)
+    if version != SCHEMA_VERSION:
+        _fail(f"{where}.schema_version", f"this runtime reads version {SCHEMA_VERSION}, got "
+                                         f"{version!r}")
+    name = _get(d, "name", where)
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        _fail(f"{where}.name", f"expected a name of letters, digits, '_', '-', '.', got {name!r}")
+    desc = d.get("description", "")
+    cpu = _mapping(_get(d, "cpu", where), f"{where}.cpu")
+    cores = int(_num(_get(cpu, "cores", f"{where}.cpu"), f"{where}.cpu.cores", integer=True))
+    clock = _get(cpu, "max_clock_ghz", f"{where}.cpu")
+    if clock is not None or d.get("measured") is not True:  # a host may not report its clock
+        clock = float(_num(clock, f"{where}.cpu.max_clock_ghz"))
+    arch = _get(cpu, "arch", f"{where}.cpu")
+    if arch not in ARCHES:
+        _fail(f"{where}.cpu.arch", f"expected one of {', '.join(ARCHES)}, got {arch!r}")
+    ram = int(_num(_get(d, "ram_mb", where), f"{where}.ram_mb", integer=True))
+    tp = _mapping(_get(d, "throughput", where), f"{where}.throughput")
+    if "fp32" not in tp:
+        _fail(f"{where}.throughput", "missing key 'fp32' (every profile needs fp32 figures)")
+    routes: dict[str, dict[int, Throughput]] = {}
+    for route, table in tp.items():
+        w = f"{where}.throughput.{route}"
+        if route not in ROUTES:
+            _fail(w, f"unknown route; expected one of {', '.join(ROUTES)}")
+        table = _mapping(table, w)
+        if not table:
+            _fail(w, "expected at least one thread count")
+        routes[route] = {}
+        for k, entry in table.items():
+            t = _thread_key(k, w, cores)
+            e = _mapping(entry, f"{w}.{k}")
+            routes[route][t] = Throughput(
+                float(_num(_get(e, "gmacs", f"{w}.{k}"), f"{w}.{k}.gmacs")),
+                float(_num(_get(e, "overhead_ms", f"{w}.{k}"), f"{w}.{k}.overhead_ms",
+                           minimum=0.0)))
+    measured = d.get("measured", False)
+    if not isinstance(measured, bool):
+        _fail(f"{where}.measured", f"expected true or false, got {measured!r}")
+    sources = d.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        _fail(f"{where}.sources", "expected a list of strings")
+    if not measured and not sources:
+        _fail(f"{where}.sources", "a published profile must cite its sources")
+    sha, lat = None, {}
+    if "bundle" in d:
+        b = _mapping(d["bundle"], f"{where}.bundle")
+        sha = _get(b, "manifest_sha256", f"{where}.bundle")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            _fail(f"{where}.bundle.manifest_sha256", f"expected 64 hex characters, got {sha!r}")
+        for k, row in _mapping(_get(b, "latency_ms", f"{where}.bundle"),
+                               f"{where}.bundle.latency_ms").items():
+            w = f"{where}.bundle.latency_ms.{k}"
+            lat[_thread_key(k, w, cores)] = {
+                str(cid): float(_num(ms, f"{w}.{cid}")) for cid, ms in _mapping(row, w).items()}
+    return DeviceProfile(name=name, description=str(desc), cpu_model=str(cpu.get("model", "")),
+                         cores=cores, max_clock_ghz=clock, arch=arch, ram_mb=ram,
+                         throughput=routes, measured=measured, sources=tuple(sources),
+                         bundle_sha256=sha, latency_ms=lat)
+
+
+def builtin_profiles() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_profile(spec: str | os.PathLike) -> DeviceProfile:
+    """A built-in profile by name (``raspberry_pi_4``) or a YAML file by path."""
+    p = Path(spec)
+    if p.suffix not in (".yaml", ".yml"):
+        p = BUILTIN_DIR / f"{spec}.yaml"
+        if not p.is_file():
+            raise ProfileError(f"no built-in device profile {str(spec)!r}; built-in: "
+                               f"{', '.join(builtin_profiles()) or 'none'} (or pass a .yaml path)")
+    if not p.is_file():
+        raise ProfileError(f"device profile {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{p}: not valid YAML ({e})") from e
+    return profile_from_dict(data, str(p))
+
+
+# ---------------------------------------------------------------- measured profiles and the cache
+
+
+def host_id() -> str:
+    """Stable name for this machine: hostname + architecture."""
+    raw = f"{platform.node() or 'host'}-{platform.machine() or 'cpu'}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def manifest_sha256(bundle_dir: str | os.PathLike) -> str:
+    from edge_sdk.bundle import MANIFEST_NAME
+
+    return hashlib.sha256((Path(bundle_dir) / MANIFEST_NAME).read_bytes()).hexdigest()
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("EDGE_SDK_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) \
+        / "edge_sdk"
+    return base / "profiles"
+
+
+def cached_profile_path(bundle_dir: str | os.PathLike) -> Path:
+    """Where ``edge-sdk profile`` caches the measured profile of this bundle on this host."""
+    return cache_dir() / f"{host_id()}-{manifest_sha256(bundle_dir)[:16]}.yaml"
+
+
+def find_cached(bundle_dir: str | os.PathLike) -> DeviceProfile | None:
+    """The cached measured profile for this bundle and host; one for a different manifest
+    (the bundle was re-exported) is ignored."""
+    p = cached_profile_path(bundle_dir)
+    if not p.is_file():
+        return None
+    prof = load_profile(p)
+    return prof if prof.bundle_sha256 == manifest_sha256(bundle_dir) else None
+
+
+def write_profile(profile: DeviceProfile, path: str | os.PathLike, header: str = "") -> Path:
+    """Write atomically (temp file in the same directory, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
+    profile_from_dict(yaml.safe_load(text), str(path))  # never write what we could not read back
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def fit_throughput(macs: list[float], ms: list[float]) -> Throughput:
+    """Least-squares ``ms = overhead + macs / (gmacs * 1e6)`` over a bundle's slices. With a
+    single distinct size (or a fit giving a negative intercept) the overhead is 0 and gmacs
+    is the mean rate, so the estimate is never optimistic for the slices measured."""
+    x = [float(m) for m in macs]
+    if len(set(x)) >= 2:
+        n = len(x)
+        mx, my = sum(x) / n, sum(ms) / n
+        slope = sum((a - mx) * (b - my) for a, b in zip(x, ms)) / sum((a - mx) ** 2 for a in x)
+        intercept = my - slope * mx
+        if slope > 0 and intercept >= 0:
+            return Throughput(gmacs=1.0 / (slope * 1e6), overhead_ms=intercept)
+    rate = sum(x) / (sum(ms) * 1e6)  # GMAC/s over everything measured
+    return Throughput(gmacs=rate, overhead_ms=0.0)
+
+
+def _host() -> dict[str, Any]:
+    import psutil
+
+    machine = platform.machine().lower()
+    arch = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "x86_64", "amd64": "x86_64"}.get(machine)
+    if arch is None:
+        raise ProfileError(f"cannot profile this host: architecture {machine!r} is not one of "
+                           f"{', '.join(ARCHES)}")
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware")):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    freq = psutil.cpu_freq()
+    clock = round(freq.max / 1000, 3) if freq is not None and freq.max else None
+    return {"model": model or machine, "cores": os.cpu_count() or 1, "max_clock_ghz": clock,
+            "arch": arch, "ram_mb": int(psutil.virtual_memory().total // 2 ** 20)}
+
+
+def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = None,
+                    repeats: int = 50, name: str | None = None
+                    ) -> tuple[DeviceProfile, list[dict[str, Any]]]:
+    """Measure this host through the real interpreter on the bundle's own slices.
+
+    Every file is invoked ``repeats`` times (after warm-up) per thread count; a configuration's
+    latency is the sum of its files' medians. Effective GMAC/s and per-invoke overhead come
+    from a least-squares fit over the single-invoke configurations, per route (DEQUANTIZE and
+    float slices -> fp32, hybrid -> int8). Returns the profile and one row per (threads,
+    configuration) with the measured and the fitted latency, so the fit can be judged."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    from edge_sdk.backends import interpreter_class
+    from edge_sdk.bundle import read_manifest, resolve_file
+
+    if repeats < 1:
+        raise ProfileError(f"repeats must be >= 1, got {repeats}")
+    manifest = read_manifest(bundle_dir, verify=True)
+    host = _host()
+    threads = sorted(set(threads or [1, host["cores"]]))
+    bad = [t for t in threads if not 1 <= t <= host["cores"]]
+    if bad:
+        raise ProfileError(f"thread counts must be between 1 and this host's {host['cores']} "
+                           f"cores, got {bad}")
+    cls, backend = interpreter_class()
+    spec = manifest.input
+    x = np.random.default_rng(0).standard_normal(spec.shape).astype(np.float32)
+    routes = {"dequantize": "fp32", "float": "fp32", "hybrid": "int8"}
+    throughput: dict[str, dict[int, Throughput]] = {}
+    latency: dict[int, dict[str, float]] = {}
+    rows = []
+    for t in threads:
+        per_file: dict[str, float] = {}
+        for c in manifest.configurations:
+            for f in c.files:
+                if f.name in per_file:
+                    continue
+                it = cls(model_path=str(resolve_file(bundle_dir, f.name)), num_threads=t)
+                it.allocate_tensors()
+                it.set_tensor(it.get_input_details()[0]["index"], x)
+                for _ in range(3):
+                    it.invoke()
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    it.invoke()
+                    times.append(time.perf_counter() - t0)
+                per_file[f.name] = statistics.median(times) * 1e3
+                del it
+        latency[t] = {c.id: sum(per_file[f.name] for f in c.files)
+                      for c in manifest.configurations}
+        for route in ("fp32", "int8"):
+            single = [c for c in manifest.configurations
+                      if routes[c.weights] == route and c.invokes == 1]
+            if single:
+                throughput.setdefault(route, {})[t] = fit_throughput(
+                    [c.macs for c in single], [latency[t][c.id] for c in single])
+    if "fp32" not in throughput:  # a hybrid-only bundle: its int8 figures are all we know
+        throughput["fp32"] = dict(throughput["int8"])
+    for t in threads:
+        for c in manifest.configurations:
+            f = throughput[routes[c.weights] if routes[c.weights] in throughput else "fp32"][t]
+            rows.append({"threads": t, "config": c.id, "macs": c.macs, "invokes": c.invokes,
+                         "measured_ms": latency[t][c.id],
+                         "fitted_ms": c.invokes * (c.macs / (f.gmacs * 1e6) + f.overhead_ms)})
+    profile = DeviceProfile(
+        name=name or host_id(), cpu_model=host["model"], cores=host["cores"],
+        description=f"measured by edge-sdk profile on {host_id()} ({backend}, {repeats} "
+                    f"repeats per slice)",
+        max_clock_ghz=host["max_clock_ghz"], arch=host["arch"], ram_mb=host["ram_mb"],
+        throughput=throughput, measured=True, sources=[f"edge-sdk profile {Path(bundle_dir)}"],
+        bundle_sha256=manifest_sha256(bundle_dir), latency_ms=latency)
+    return profile, rows

@@ -1,0 +1,34 @@
+"""Shared device-side fixtures. Must not import torch at module level (the torch-free run)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.bundle import MANIFEST_NAME
+
+BUNDLE_ENV = "EDGE_SDK_TEST_BUNDLE"
+QUIET = {"progress": False, "log": lambda *a: None}
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory) -> Path:
+    """A real bundle exported from a tiny digits model trained in this session. Only this
+    fixture needs torch: with ``EDGE_SDK_TEST_BUNDLE`` set it reuses the bundle at that path
+    when it exists (the torch-free CI run) and otherwise exports it there (the main run)."""
+    wanted = os.environ.get(BUNDLE_ENV)
+    if wanted and (Path(wanted) / MANIFEST_NAME).is_file():
+        return Path(wanted)
+    pytest.importorskip("torch", exc_type=ImportError)  # absent, or made to fail
+    from exporters.export import ExportOptions, export_bundle
+    from trainer.config import load_config
+    from trainer.train import train
+
+    work = tmp_path_factory.mktemp("runtime")
+    cfg = load_config("digits", ["train.epochs=2", "train.eval_every=100",
+                                 "data.calib_samples=64"])
+    res = train(cfg, work / "run", **QUIET)
+    out = Path(wanted) if wanted else work / "bundle"
+    return Path(export_bundle(res.checkpoint, out, ExportOptions(
+        widths=[0.5, 1.0], samples=2, measure=False, max_eval=50), **QUIET))
