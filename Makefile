@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/edge-sdk train --config digits
+	$(VENV)/bin/edge-sdk demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

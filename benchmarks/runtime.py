@@ -94,24 +94,33 @@ def main() -> None:
         btxt = f"{fmt(budget.latency_ms)} ms / {fmt(budget.memory_mb)} MB"
         print(f"{name:<16}{btxt:>22}{str(widths):>28}{acc:>7.4f}{met:>7.3f}{rule:>7.3f}")
 
-    # cascade vs always-full, point scope
+    # cascade vs always-full, point scope, once per exported target accuracy: the target sets
+    # the confidence threshold below which the cascade escalates (the accuracy/latency dial)
     full_model = edge_sdk.load(args.bundle, threads=1)
-    casc = edge_sdk.load(args.bundle, threads=1, policy="cascade")
-    for m in (full_model, casc):
-        m.policy.configs = points  # point scope only: the cascade climbs widths
-    t_full, acc_full, t_c, acc_c = [], [], [], []
+    full_model.policy.configs = points
+    t_full, acc_full = [], []
     for xi, y in zip(xs, ys):
         pf = full_model.predict(xi, config_id=full.id)
-        pc = casc.predict(xi)
         t_full.append(pf.latency_ms)
-        t_c.append(pc.latency_ms)
         acc_full.append(pf.label == y)
-        acc_c.append(pc.label == y)
-    saved = 1 - np.mean(t_c) / np.mean(t_full)
-    print(f"\ncascade (target accuracy {casc.target_accuracy}) vs always {full.id}: mean latency "
-          f"{np.mean(t_c):.3f} vs {np.mean(t_full):.3f} ms ({saved:.1%} saved), accuracy "
-          f"{np.mean(acc_c):.4f} vs {np.mean(acc_full):.4f} "
-          f"({100 * (np.mean(acc_c) - np.mean(acc_full)):+.2f} pt)")
+    print(f"\ncascade vs always {full.id} (mean invoke latency {np.mean(t_full):.4f} ms, "
+          f"accuracy {np.mean(acc_full):.4f})")
+    print(f"{'target':>7}{'mean ms':>9}{'saved':>8}{'accuracy':>10}{'change pt':>10}"
+          f"{'answered by':>40}")
+    for target in sorted(full.thresholds, key=float):
+        casc = edge_sdk.load(args.bundle, threads=1, policy="cascade",
+                             target_accuracy=float(target))
+        casc.policy.configs = points  # point scope only: the cascade climbs widths
+        t_c, acc_c, who = [], [], []
+        for xi, y in zip(xs, ys):
+            pc = casc.predict(xi)
+            t_c.append(pc.latency_ms)
+            acc_c.append(pc.label == y)
+            who.append(pc.width)
+        saved = 1 - np.mean(t_c) / np.mean(t_full)
+        mix = " ".join(f"{w:g}:{who.count(w) / len(who):.0%}" for w in sorted(set(who)))
+        print(f"{target:>7}{np.mean(t_c):>9.4f}{saved:>8.1%}{np.mean(acc_c):>10.4f}"
+              f"{100 * (np.mean(acc_c) - np.mean(acc_full)):>+10.2f}{mix:>40}")
 
 
 if __name__ == "__main__":

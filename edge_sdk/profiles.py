@@ -59,11 +59,14 @@ class DeviceProfile:
     latency_ms: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
 
     def figures(self, threads: int | None, weights: str = "dequantize") -> Throughput:
-        """The throughput entry for a route at ``threads`` (the largest listed thread count not
-        above it; ``None`` = all cores; below the smallest listed count, the smallest)."""
-        route = "int8" if weights == "hybrid" and "int8" in self.throughput else "fp32"
-        table = self.throughput[route]
+        """The throughput entry at ``threads`` (the largest listed thread count not above it;
+        ``None`` = all cores; below the smallest listed count, the smallest)."""
         want = self.cores if threads is None else threads
+        int8 = self.throughput.get("int8", {})
+        # hybrid slices use int8 figures only where one exists at or below this thread count:
+        # a published all-cores int8 figure says nothing about one thread
+        route = "int8" if weights == "hybrid" and any(t <= want for t in int8) else "fp32"
+        table = self.throughput[route]
         usable = [t for t in table if t <= want]
         return table[max(usable) if usable else min(table)]
 

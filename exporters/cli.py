@@ -50,3 +50,36 @@ def export_main(argv: list[str]) -> int:
                          max_eval=args.max_eval)
     print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
     return 0
+
+
+def report_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="edge-sdk report",
+        description="Write a Markdown report with PNG figures for a bundle: a per-configuration "
+                    "table (accuracy, NLL, ECE, Brier, OOD AUROC, MACs, bytes, unique weight "
+                    "values, latency, memory, temperature), reliability diagrams, accuracy and "
+                    "ECE against width, risk-coverage curves with the exported thresholds, and "
+                    "the budget trace when given. Every configuration's .tflite files are run "
+                    "on the evaluation data. The last line printed is the report path.")
+    p.add_argument("bundle")
+    p.add_argument("--eval-data", default=None,
+                   help="data source to evaluate on (default: the data the bundle was "
+                        "evaluated on, e.g. the checkpoint's test split)")
+    p.add_argument("--ood-data", default=None,
+                   help="out-of-distribution source for OOD AUROC (default: the bundle's)")
+    p.add_argument("--trace", default=None,
+                   help="budget-trace JSON written by the demo ({\"records\": [...]})")
+    p.add_argument("--out", default=None,
+                   help="report directory (default: <bundle>/../<bundle name>-report)")
+    p.add_argument("--max-eval", type=int, default=None,
+                   help="cap evaluated samples per data set (default: the bundle's cap when "
+                        "evaluating its own data, else all)")
+    args = p.parse_args(argv)
+    if args.max_eval is not None and args.max_eval < 1:
+        p.error("--max-eval must be >= 1")
+
+    from exporters.report import write_report
+
+    write_report(args.bundle, args.out, eval_data=args.eval_data, ood_data=args.ood_data,
+                 trace=args.trace, max_eval=args.max_eval)
+    return 0

@@ -25,7 +25,7 @@ from exporters.slice import (make_slice, posterior_kind, posterior_samples, slic
                              stack_heads)
 from exporters.tflite import export_point_slice
 from trainer import checkpoint as ckpt_io
-from trainer.config import config_from_dict
+from trainer.config import config_from_dict, config_to_dict
 from trainer.data import ArrayDataset, load_data, load_ood
 from trainer.evaluate import batches
 from trainer.layers import BayesNestedLayer
@@ -225,6 +225,9 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
                    "posterior": kind, "architecture": ckpt["arch"]["name"],
                    "eval_data": opts.eval_data or "test split", "ood_data": opts.ood_data,
                    "calib_data": opts.calib_data or "training split",
+                   # the checkpoint's data config and the evaluation cap, so `edge-sdk report`
+                   # can rebuild the identical test split (trainer.data.load_data)
+                   "data": config_to_dict(cfg)["data"], "max_eval": opts.max_eval,
                    # compression three ways, never conflated: the quantizer's own figures here,
                    # the .tflite bytes in each configuration's files
                    "compression": _compression(ckpt, kind),

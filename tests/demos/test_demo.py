@@ -1,0 +1,81 @@
+"""The demo's pipeline end to end in a reduced form (train -> PWFN -> export -> runtime trace ->
+report), checking what it leaves behind rather than how fast it ran."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", exc_type=ImportError)
+
+import edge_sdk  # noqa: E402
+from edge_sdk.bundle import read_manifest  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from demos.digits_budget import run
+
+    out = tmp_path_factory.mktemp("demo")
+    return run(out, "pwfn", quick=True, samples=2, calls=25, progress=False)
+
+
+@pytest.fixture(scope="module")
+def records(demo):
+    return json.loads(demo["trace"].read_text())["records"]
+
+
+def test_every_stage_leaves_its_artifact(demo):
+    for key in ("checkpoint", "bundle", "trace", "report"):
+        assert demo[key].exists(), key
+    assert demo["checkpoint"].parent.name == "pwfn"  # export used the quantized checkpoint
+
+
+def test_bundle_loads_and_every_width_predicts(demo):
+    model = edge_sdk.load(demo["bundle"], threads=1)
+    widths = {c.width for c in model.manifest.configurations}
+    assert widths == {0.25, 0.5, 0.75, 1.0}
+    spec = model.input_spec
+    x = np.full(spec.shape[1:], spec.value_range[1] / 2, np.float32)
+    for c in model.manifest.configurations:
+        p = model.predict(x, config_id=c.id)
+        assert p.config_id == c.id and p.width == c.width
+        assert abs(sum(p.probs) - 1) < 1e-6 and 0 <= p.label < len(model.manifest.labels)
+
+
+def test_report_and_figures_are_written_and_non_empty(demo):
+    text = demo["report"].read_text()
+    manifest = read_manifest(demo["bundle"])
+    for c in manifest.configurations:
+        assert c.id in text
+    pngs = sorted(demo["report"].parent.glob("*.png"))
+    assert len(pngs) >= 4  # reliability, width curves, risk-coverage, trace
+    for png in pngs:
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000, png
+        assert png.name in text, f"{png.name} is not referenced by the report"
+
+
+def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
+    manifest = read_manifest(demo["bundle"])
+    by_id = {c.id: c for c in manifest.configurations}
+    phases = defaultdict(list)
+    for r in records:
+        phases[r["phase"]].append(r)
+    assert list(phases) == ["unconstrained", "battery saver", "CPU shared", "recovered",
+                            "memory squeeze", "cascade"]
+    assert all(len(rs) == 25 for rs in phases.values())
+    # memory is decided from the manifest, not from timings: every call must fit the squeeze
+    squeeze = phases["memory squeeze"]
+    assert all(by_id[r["config_id"]].memory_mb <= r["budget_memory_mb"] for r in squeeze)
+    assert all(r["budget_met"] for r in squeeze + phases["unconstrained"] + phases["recovered"])
+    # a tighter latency budget never buys a costlier configuration (by the manifest's latency)
+    cost = lambda rs: np.mean([by_id[r["config_id"]].latency_ms for r in rs])  # noqa: E731
+    assert cost(phases["CPU shared"]) <= cost(phases["battery saver"]) \
+        <= cost(phases["unconstrained"])
+    # the cascade climbs widths within one scope
+    assert len({by_id[r["config_id"]].scope for r in phases["cascade"]}) == 1
