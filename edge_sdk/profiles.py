@@ -395,6 +395,6 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
         description=f"measured by edge-sdk profile on {host_id()} ({backend}, {repeats} "
                     f"repeats per slice)",
         max_clock_ghz=host["max_clock_ghz"], arch=host["arch"], ram_mb=host["ram_mb"],
-        throughput=throughput, measured=True, sources=[f"edge-sdk profile {Path(bundle_dir)}"],
+        throughput=throughput, measured=True, sources=(f"edge-sdk profile {Path(bundle_dir)}",),
         bundle_sha256=manifest_sha256(bundle_dir), latency_ms=latency)
     return profile, rows

@@ -32,3 +32,16 @@ def bundle(tmp_path_factory) -> Path:
     out = Path(wanted) if wanted else work / "bundle"
     return Path(export_bundle(res.checkpoint, out, ExportOptions(
         widths=[0.5, 1.0], samples=2, measure=False, max_eval=50), **QUIET))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_profile_cache(tmp_path_factory):
+    """load(profile="auto") reads measured profiles from a cache; the tests must never see the
+    developer's real one (~/.cache/edge_sdk), so the session gets its own, empty."""
+    old = os.environ.get("EDGE_SDK_CACHE")
+    os.environ["EDGE_SDK_CACHE"] = str(tmp_path_factory.mktemp("edge_sdk_cache"))
+    yield
+    if old is None:
+        os.environ.pop("EDGE_SDK_CACHE", None)
+    else:
+        os.environ["EDGE_SDK_CACHE"] = old

@@ -1,0 +1,145 @@
+"""edge_sdk.policy: measured latencies age toward the prior (half-life), on a fake clock.
+
+Pure unit tests on fake configurations (helpers from test_policy). No torch.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_policy import FakeClock, config, policy
+
+from edge_sdk.policy import Budget
+
+HALF_LIFE = 10.0
+
+
+def aged(prior: float = 2.0, measured: float = 10.0, **kw):
+    clock = FakeClock(100.0)
+    c = config("c", latency_ms=prior)
+    p = policy([c], clock=clock, half_life_s=HALF_LIFE, **kw)
+    p.observe("c", measured)
+    return p, c, clock
+
+
+def test_a_fresh_measurement_is_the_prediction():
+    p, c, clock = aged()
+    assert p.predicted_latency_ms(c) == 10.0
+    clock.t += 0.001  # a millisecond later: still the measurement
+    assert p.predicted_latency_ms(c) == pytest.approx(10.0, rel=1e-5)
+
+
+@given(prior=st.floats(0.01, 1e4), measured=st.floats(0.01, 1e4),
+       half_life=st.floats(0.5, 1000))
+def test_after_one_half_life_the_prediction_is_halfway_to_the_prior(prior, measured, half_life):
+    clock = FakeClock(0.0)
+    c = config("c", latency_ms=prior)
+    p = policy([c], clock=clock, half_life_s=half_life)
+    p.observe("c", measured)
+    clock.t = half_life
+    assert p.predicted_latency_ms(c) == pytest.approx((prior + measured) / 2, rel=1e-12)
+    clock.t = 2 * half_life  # two half-lives: a quarter of the way left
+    assert p.predicted_latency_ms(c) == pytest.approx(prior + (measured - prior) / 4, rel=1e-9)
+
+
+def test_after_many_half_lives_the_prediction_is_the_prior():
+    p, c, clock = aged(prior=2.0, measured=10.0)
+    clock.t += 50 * HALF_LIFE
+    assert p.predicted_latency_ms(c) == pytest.approx(2.0, rel=1e-9)
+
+
+@given(steps=st.lists(st.floats(0.01, 30), min_size=1, max_size=20))
+def test_ageing_moves_monotonically_toward_the_prior(steps):
+    p, c, clock = aged(prior=2.0, measured=10.0)
+    last = p.predicted_latency_ms(c)
+    for dt in steps:
+        clock.t += dt
+        now = p.predicted_latency_ms(c)
+        assert 2.0 <= now <= last
+        last = now
+
+
+def test_ageing_pulls_a_fast_measurement_back_up_to_the_prior_too():
+    p, c, clock = aged(prior=8.0, measured=1.0)
+    clock.t += HALF_LIFE
+    assert p.predicted_latency_ms(c) == pytest.approx(4.5)
+
+
+def test_the_prior_used_by_ageing_is_the_profile_prior_when_given():
+    clock = FakeClock(0.0)
+    c = config("c", latency_ms=2.0)
+    p = policy([c], clock=clock, half_life_s=HALF_LIFE, priors={"c": 6.0})
+    assert p.prior_latency_ms(c) == 6.0
+    p.observe("c", 10.0)
+    clock.t = HALF_LIFE
+    assert p.predicted_latency_ms(c) == pytest.approx(8.0)
+
+
+def test_a_configuration_shunned_after_a_transient_is_chosen_again_once_its_measurement_ages():
+    """The "never refreshes" bug: measured slow once (another app, thermal throttling), the
+    best configuration must not stay excluded for good after the transient is over."""
+    clock = FakeClock(0.0)
+    best = config("best", width=1.0, val_nll=0.1, latency_ms=3.0)
+    fallback = config("fallback", width=0.5, val_nll=0.5, latency_ms=1.0)
+    p = policy([best, fallback], clock=clock, half_life_s=HALF_LIFE)
+    budget = Budget(latency_ms=5.0)
+    assert p.choose(budget)[0].id == "best"
+    p.observe("best", 40.0)  # the transient
+    clock.t += 1.0
+    assert p.choose(budget)[0].id == "fallback"
+    # while the fallback runs, only it gets measured
+    for _ in range(5):
+        clock.t += 1.0
+        p.observe("fallback", 1.0)
+        assert p.choose(budget)[0].id == "fallback"
+    clock.t += 10 * HALF_LIFE
+    c, met = p.choose(budget)
+    assert (c.id, met) == ("best", True)
+
+
+def test_without_time_passing_the_transient_keeps_the_configuration_out():
+    clock = FakeClock(0.0)
+    best = config("best", width=1.0, val_nll=0.1, latency_ms=3.0)
+    fallback = config("fallback", width=0.5, val_nll=0.5, latency_ms=1.0)
+    p = policy([best, fallback], clock=clock, half_life_s=HALF_LIFE)
+    p.observe("best", 40.0)
+    for _ in range(100):
+        assert p.choose(Budget(latency_ms=5.0))[0].id == "fallback"
+
+
+def test_a_fresh_observation_moves_by_the_ewma_factor():
+    p, c, _clock = aged(prior=2.0, measured=10.0)
+    p.observe("c", 20.0)  # no time passed: plain EWMA, 0.2 toward the new measurement
+    assert p.predicted_latency_ms(c) == pytest.approx(0.8 * 10.0 + 0.2 * 20.0)
+
+
+@given(gap=st.floats(0.0, 200.0), first=st.floats(0.1, 100), second=st.floats(0.1, 100))
+def test_a_late_observation_counts_at_least_as_much_as_the_staleness(gap, first, second):
+    prior = 2.0
+    p, c, clock = aged(prior=prior, measured=first)
+    clock.t += gap
+    before = p.predicted_latency_ms(c)  # what the policy believed just before
+    stale = 1 - 0.5 ** (gap / HALF_LIFE)
+    p.observe("c", second)
+    after = p.predicted_latency_ms(c)
+    weight = max(0.2, stale)
+    # the new value moved from the (aged) belief toward the measurement by at least `weight`
+    assert abs(after - second) <= (1 - weight) * abs(before - second) + 1e-9 * max(first, second)
+    assert min(before, second) - 1e-9 <= after <= max(before, second) + 1e-9
+
+
+def test_a_very_stale_estimate_is_replaced_by_the_new_measurement():
+    p, c, clock = aged(prior=2.0, measured=100.0)
+    clock.t += 100 * HALF_LIFE
+    p.observe("c", 3.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(3.0, rel=1e-9)
+    # and it is fresh again: ageing restarts from the new observation
+    clock.t += HALF_LIFE
+    assert p.predicted_latency_ms(c) == pytest.approx((3.0 + 2.0) / 2, rel=1e-9)
+
+
+def test_observation_after_one_half_life_weighs_the_measurement_by_half():
+    p, c, clock = aged(prior=2.0, measured=10.0)
+    clock.t += HALF_LIFE
+    p.observe("c", 30.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(0.5 * 6.0 + 0.5 * 30.0)
