@@ -10,8 +10,8 @@
    is squeezed (``Budget(memory_mb=...)``), and finally the confidence cascade runs;
 5. print what was chosen per phase and write ``trace.json``, a Markdown report and its figures.
 
-Budgets are set relative to this machine's measured slice latencies (read from the manifest),
-so every phase means the same thing on a fast laptop and a slow CI runner.
+Budgets are set relative to the latencies this process measures for each configuration in a
+short warm-up, so every phase means the same thing on a fast laptop and a slow CI runner.
 """
 from __future__ import annotations
 
@@ -42,12 +42,13 @@ def _done(t0: float) -> None:
 
 
 def phases(model) -> list[tuple[str, object, str]]:
-    """(name, Budget, policy) per phase, from this host's measured latencies and memory."""
+    """(name, Budget, policy) per phase, from the latencies ``model`` has measured (warm-up)
+    and the manifest's memory figures."""
     import edge_sdk
 
     pol = model.policy
     configs = model.manifest.configurations
-    lat = {c.id: pol.prior_latency_ms(c) for c in configs}
+    lat = {c.id: pol.predicted_latency_ms(c) for c in configs}
     need = {c.id: pol.memory_need_mb(c) for c in configs}
     best, _ = pol.choose(edge_sdk.Budget())
     cheapest = min(lat.values())
@@ -69,6 +70,10 @@ def replay(bundle: Path, xs: np.ndarray, ys: np.ndarray, calls: int, threads: in
     import edge_sdk
 
     models = {p: edge_sdk.load(bundle, threads=threads, policy=p) for p in ("best", "cascade")}
+    for m in models.values():  # warm-up: every configuration measured in this process
+        for c in m.manifest.configurations:
+            for _ in range(20):
+                m.predict(xs[0], config_id=c.id)
     records, step = [], 0
     for name, budget, policy in phases(models["best"]):
         for i in range(calls):
