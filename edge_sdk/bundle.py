@@ -30,6 +30,11 @@ Schema version 1 (``manifest.yaml``)::
       params: <int>
       unique_values: <int> | null
       thresholds: {'0.95': 0.82, '0.99': null}   # target accuracy -> minimum confidence (validation)
+      cascade:                        # optional: this configuration as a cascade's first stage
+        w1.00-point: {threshold: 0.91, coverage: 0.62, max_loss: 0.002}
+                                      # answer here when confidence >= threshold, else run the
+                                      # wider configuration; on validation, `coverage` of the
+                                      # samples are answered here and accuracy drops <= max_loss
       val_nll: 0.31
       test: {raw: {accuracy: ..., nll: ..., ece: ..., brier: ...}, calibrated: {...}}
       latency_ms: <float> | null      # measured on the exporting host; null with --no-measure
@@ -451,6 +456,22 @@ def _thresholds(value: object, path: str) -> dict[str, float | None]:
     return out
 
 
+def _cascade(value: object, path: str) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for target, entry in _mapping(value, path).items():
+        tp = _key(path, target)
+        _str(target, tp)
+        e = _mapping(entry, tp)
+        want = {"threshold", "coverage", "max_loss"}
+        if set(e) != want:
+            _fail(tp, f"expected keys {', '.join(sorted(want))}, got {', '.join(map(str, e))}")
+        out[str(target)] = {
+            "threshold": _optional_float(e["threshold"], _join(tp, "threshold"), ge=0.0, le=1.0),
+            "coverage": _float(e["coverage"], _join(tp, "coverage"), ge=0.0, le=1.0),
+            "max_loss": _float(e["max_loss"], _join(tp, "max_loss"), ge=0.0, le=1.0)}
+    return out
+
+
 def _test_metrics(value: object, path: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for group, metrics in _mapping(value, path).items():
@@ -486,6 +507,8 @@ class Configuration(_Record):
     # quantized
     weight_entropy_bits: float | None = None
     thresholds: dict[str, float | None]
+    # wider configuration id -> {threshold, coverage, max_loss}: see the module docstring
+    cascade: dict[str, dict[str, float | None]] = field(default_factory=dict)
     val_nll: float
     test: dict[str, dict[str, float]]
     latency_ms: float | None = None
@@ -543,6 +566,7 @@ class Configuration(_Record):
         out["weight_entropy_bits"] = _optional_float(
             v["weight_entropy_bits"], _join(path, "weight_entropy_bits"), ge=0.0)
         out["thresholds"] = _thresholds(v["thresholds"], _join(path, "thresholds"))
+        out["cascade"] = _cascade(v["cascade"], _join(path, "cascade"))
         out["val_nll"] = _float(v["val_nll"], _join(path, "val_nll"), ge=0.0)
         out["test"] = _test_metrics(v["test"], _join(path, "test"))
         out["latency_ms"] = _optional_float(v["latency_ms"], _join(path, "latency_ms"), ge=0.0)
@@ -666,6 +690,13 @@ class Manifest(_Record):
                     )
                 files[entry.name] = (entry, fp)
                 folded[lower] = entry.name
+        by_id = {c.id: c for c in configs}
+        for i, config in enumerate(configs):
+            for target in config.cascade:
+                other = by_id.get(target)
+                if other is None or other.scope != config.scope or other.width <= config.width:
+                    _fail(f"{p}[{i}].cascade.{target}", "expected the id of a wider configuration "
+                          f"of the same scope ({config.scope!r}, width > {config.width:g})")
         out["configurations"] = configs
         return out
 

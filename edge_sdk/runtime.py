@@ -275,8 +275,43 @@ class EdgeModel:
 
     def _cascade(self, x: np.ndarray, budget: Budget, best: Configuration,
                  met: bool) -> Prediction:
+        """Two-stage cascade, when the bundle has plans for ``best`` (the rule's choice): the
+        first stage is the narrower configuration whose plan minimises the expected latency
+        ``L(first) + (1 - coverage) L(best)``; it answers when its confidence reaches the plan's
+        threshold (fitted at export so that, on validation, accuracy drops by at most
+        ``max_loss`` against always running ``best``), else ``best`` runs too, budget
+        permitting. Bundles without plans climb the widths with the target-accuracy thresholds.
+        """
+        with self._lock:
+            lat_best = self.policy.predicted_latency_ms(best)
+            plans = [(self.policy.predicted_latency_ms(c)
+                      + (1 - c.cascade[best.id]["coverage"]) * lat_best, c)
+                     for c in self.policy.configs
+                     if best.id in c.cascade and c.cascade[best.id]["threshold"] is not None
+                     and self.policy.fits(c, budget)]
+        if not any(best.id in c.cascade for c in self.policy.configs):
+            return self._climb(x, budget, best, met)
+        expected, first = min(plans, key=lambda t: t[0], default=(math.inf, None))
+        stages = [first, best] if first is not None and expected < lat_best else [best]
+        spent = 0.0
+        for c in stages:
+            logits, ms = self._run(c, x)
+            spent += ms
+            with self._lock:
+                self.policy.observe(c.id, ms)
+            answer = self._answer(c, logits, spent, met)
+            if c is best or answer.confidence >= c.cascade[best.id]["threshold"]:
+                break
+            if budget.latency_ms is not None and spent + lat_best > budget.latency_ms:
+                break  # no room for the second stage: the first stage's answer stands
+        within = budget.latency_ms is None or spent <= budget.latency_ms
+        return self._answer(c, logits, spent, met and within)
+
+    def _climb(self, x: np.ndarray, budget: Budget, best: Configuration,
+               met: bool) -> Prediction:
         """Cheapest fitting configuration first; escalate to wider ones (same scope) while the
-        answer's confidence is below its exported threshold and the budget has room left."""
+        answer's confidence is below its exported target-accuracy threshold and the budget has
+        room left."""
         with self._lock:
             fitting = sorted((c for c in self.policy.configs if c.scope == best.scope
                               and c.width <= best.width and self.policy.fits(c, budget)),

@@ -70,3 +70,28 @@ def confidence_thresholds(probs: np.ndarray, labels: np.ndarray,
         ok = np.nonzero((cum_acc >= t) & last_of_value)[0]
         out[f"{t:g}"] = float(conf[ok[-1]]) if len(ok) else None
     return out
+
+
+def cascade_threshold(probs: np.ndarray, wider_probs: np.ndarray, labels: np.ndarray,
+                      max_loss: float) -> dict[str, float | None]:
+    """Plan for a two-stage cascade "answer with this configuration when confident, else run
+    the wider one", fitted on validation: the lowest confidence threshold (largest coverage) at
+    which answering the confident samples here instead of with the wider configuration costs at
+    most ``max_loss`` accuracy over the whole set. A target-accuracy threshold cannot promise
+    this: the narrow network's confident samples are the easy ones, on which the wide network
+    is better still (measured on Fashion-MNIST: climbing from width 0.25 at its 0.95-accuracy
+    threshold lost 1.55 pt against always running width 1.0)."""
+    probs, wider_probs, labels = (np.asarray(a) for a in (probs, wider_probs, labels))
+    conf = probs.max(1)
+    order = np.argsort(-conf, kind="stable")
+    conf = conf[order]
+    here = (probs.argmax(1) == labels)[order]
+    there = (wider_probs.argmax(1) == labels)[order]
+    loss = np.cumsum(there.astype(np.int64) - here) / len(labels)  # accepting the top k
+    last_of_value = np.r_[conf[1:] != conf[:-1], True]
+    ok = np.nonzero((loss <= max_loss + 1e-12) & last_of_value)[0]
+    if not len(ok):
+        return {"threshold": None, "coverage": 0.0, "max_loss": float(max_loss)}
+    k = ok[-1]
+    return {"threshold": float(conf[k]), "coverage": float((k + 1) / len(labels)),
+            "max_loss": float(max_loss)}

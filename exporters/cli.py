@@ -33,6 +33,9 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--ood-data", default=None,
                    help="out-of-distribution source for OOD AUROC, e.g. npz:notmnist_test.npz")
     p.add_argument("--max-eval", type=int, default=None, help="cap evaluated samples per split")
+    p.add_argument("--cascade-max-loss", type=float, default=0.002,
+                   help="accuracy a two-stage cascade may lose against the wider configuration "
+                        "on validation (default 0.002 = 0.2 pt)")
     p.add_argument("--no-measure", action="store_true", help="skip latency and memory runs")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
     p.add_argument("--no-progress", action="store_true")
@@ -46,7 +49,7 @@ def export_main(argv: list[str]) -> int:
                          scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
                          weights=args.weights, measure=not args.no_measure, force=args.force,
                          calib_data=args.calib_data, eval_data=args.eval_data,
-                         ood_data=args.ood_data,
+                         ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
                          max_eval=args.max_eval)
     print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
     return 0

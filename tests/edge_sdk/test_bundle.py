@@ -50,6 +50,7 @@ def config_dict(
         "unique_values": 15,
         "weight_entropy_bits": 2.5,
         "thresholds": {"0.9": 0.55, "0.95": 0.8, "0.99": None},
+        "cascade": {},
         "val_nll": 0.31,
         "test": {
             "raw": {"accuracy": 0.9, "nll": 0.35, "ece": 0.04, "brier": 0.15, "ood_auroc": 0.8},
@@ -644,3 +645,44 @@ def test_round_trip_property(case: tuple[b.Manifest, dict[str, bytes]]) -> None:
         path = b.write_bundle(Path(tmp) / "bundle", manifest, files)
         assert b.read_manifest(path) == manifest
         assert {p.name for p in path.iterdir()} == {b.MANIFEST_NAME, *files}
+
+
+# ----------------------------------------------------------------------- cascade plans
+
+
+def _with_wider_point(d: dict[str, Any]) -> dict[str, Any]:
+    wide = config_dict("w1.00-point", "point", 1, ["w1.00-point.tflite"], width=1.0)
+    d["configurations"].append(wide)
+    return d
+
+
+def test_cascade_plan_round_trips_and_is_optional():
+    d = _with_wider_point(manifest_dict())
+    plan = {"w1.00-point": {"threshold": 0.9, "coverage": 0.6, "max_loss": 0.002}}
+    d["configurations"][0]["cascade"] = plan
+    m = b.Manifest.from_dict(d)
+    assert m.configurations[0].cascade == plan
+    del d["configurations"][0]["cascade"]  # bundles written before the field existed
+    assert b.Manifest.from_dict(d).configurations[0].cascade == {}
+
+
+@pytest.mark.parametrize("target, entry, message", [
+    ("nope", {"threshold": 0.9, "coverage": 0.6, "max_loss": 0.0}, "wider configuration"),
+    ("w0.50-head4", {"threshold": 0.9, "coverage": 0.6, "max_loss": 0.0}, "same scope"),
+    ("w1.00-point", {"threshold": 0.9, "coverage": 0.6}, "expected keys"),
+    ("w1.00-point", {"threshold": 1.5, "coverage": 0.6, "max_loss": 0.0}, "threshold"),
+    ("w1.00-point", {"threshold": None, "coverage": -0.1, "max_loss": 0.0}, "coverage"),
+])
+def test_cascade_plan_is_validated(target, entry, message):
+    d = _with_wider_point(manifest_dict())
+    d["configurations"][0]["cascade"] = {target: entry}
+    with pytest.raises(b.BundleError, match=message):
+        b.Manifest.from_dict(d)
+
+
+def test_cascade_plan_must_point_to_a_wider_configuration():
+    d = _with_wider_point(manifest_dict())
+    d["configurations"][-1]["cascade"] = {
+        "w0.50-point": {"threshold": 0.9, "coverage": 0.6, "max_loss": 0.0}}
+    with pytest.raises(b.BundleError, match=r"configurations\[3\]\.cascade"):
+        b.Manifest.from_dict(d)

@@ -69,13 +69,17 @@ def copy_bundle(bundle: Path, dst: Path) -> Path:
     return dst
 
 
-def with_thresholds(bundle: Path, dst: Path, thresholds: dict) -> Path:
-    """A copy of ``bundle`` whose every configuration has ``thresholds`` (the manifest is not
-    covered by a checksum, so this is still a valid bundle)."""
+def with_thresholds(bundle: Path, dst: Path, thresholds: dict, plan=None) -> Path:
+    """A copy of ``bundle`` whose every configuration has ``thresholds`` and, as cascade plan
+    towards every wider configuration of its scope, ``plan`` (None: no plans, so the cascade
+    climbs on thresholds). The manifest is not covered by a checksum: still a valid bundle."""
     copy_bundle(bundle, dst)
     data = read_manifest(dst).to_dict()
     for c in data["configurations"]:
         c["thresholds"] = dict(thresholds)
+        c["cascade"] = {} if plan is None else {
+            o["id"]: dict(plan) for o in data["configurations"]
+            if o["scope"] == c["scope"] and o["width"] > c["width"]}
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     return dst
 
@@ -504,9 +508,10 @@ def test_cascade_stops_at_the_narrowest_when_sure(forced, manifest, xs):
         assert p.config_id == low.id and not p.abstain and p.width == low.width
 
 
-def test_cascade_escalates_only_below_the_exported_threshold(bundle, manifest, xs):
-    """With the real thresholds: the narrow answer stands when it is confident enough, else
-    the next width answers."""
+def test_cascade_escalates_only_below_the_exported_threshold(bundle, manifest, xs, tmp_path):
+    """With the real thresholds and no plans: the narrow answer stands when it is confident
+    enough, else the next width answers."""
+    bundle = with_thresholds(bundle, tmp_path / "b", manifest.configurations[0].thresholds)
     m = edge_sdk.load(bundle, policy="cascade", memory_reader=lambda: PLENTY_MB)
     best = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB).predict(xs[0]).config_id
     low, high = cascade_ladder(manifest, best)
@@ -552,6 +557,81 @@ def test_cascade_escalates_only_while_the_latency_budget_has_room(forced, manife
         p = m.predict(xs[0], budget=Budget(latency_ms=budget))
         assert p.config_id == rung([low, high]).id, budget
         assert p.latency_ms == pytest.approx(spent) and p.abstain
+
+
+# ------------------------------------------------------------- two-stage cascade (plans)
+
+
+def planned(bundle: Path, dst: Path, threshold, coverage: float) -> Path:
+    return with_thresholds(bundle, dst, {"0.9": 0.0, "0.95": 0.5, "0.99": None},
+                           {"threshold": threshold, "coverage": coverage, "max_loss": 0.002})
+
+
+def unconstrained_best(bundle: Path):
+    return edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB).policy.choose(Budget())[0]
+
+
+def test_two_stage_cascade_answers_from_the_first_stage_when_confident(bundle, xs, tmp_path):
+    b = planned(bundle, tmp_path / "b", threshold=0.0, coverage=0.9)
+    best = unconstrained_best(b)
+    m = edge_sdk.load(b, policy="cascade", memory_reader=lambda: PLENTY_MB)
+    pol = m.policy
+    first = min((c for c in pol.configs if best.id in c.cascade),
+                key=lambda c: pol.predicted_latency_ms(c) + 0.1 * pol.predicted_latency_ms(best))
+    for x in xs[:6]:
+        p = m.predict(x)
+        assert p.config_id == first.id and p.width < best.width
+        assert p.probs == pytest.approx(m.predict(x, config_id=first.id).probs, abs=1e-6)
+
+
+def test_two_stage_cascade_runs_the_best_when_unsure(bundle, xs, tmp_path):
+    """Threshold 1: the first stage is never sure enough; both stages run (1 ms each on the
+    fake clock) and the rule's choice answers, never an intermediate width."""
+    b = planned(bundle, tmp_path / "b", threshold=1.0, coverage=0.9)
+    best = unconstrained_best(b)
+    for x in xs[:4]:  # fresh each time: once both stages measure 1 ms, no first stage pays
+        m = edge_sdk.load(b, policy="cascade", memory_reader=lambda: PLENTY_MB,
+                          clock=StepClock(1.0))
+        p = m.predict(x)
+        assert p.config_id == best.id and p.latency_ms == pytest.approx(2.0)
+
+
+def test_two_stage_cascade_skips_a_first_stage_that_would_not_pay(bundle, xs, tmp_path):
+    """Coverage 0: the expected latency L(first) + L(best) exceeds L(best); only best runs."""
+    b = planned(bundle, tmp_path / "b", threshold=0.0, coverage=0.0)
+    best = unconstrained_best(b)
+    m = edge_sdk.load(b, policy="cascade", memory_reader=lambda: PLENTY_MB, clock=StepClock(1.0))
+    p = m.predict(xs[0])
+    assert p.config_id == best.id and p.latency_ms == pytest.approx(1.0)
+
+
+def test_two_stage_cascade_keeps_the_first_answer_when_the_budget_has_no_room(bundle, xs,
+                                                                            tmp_path):
+    b = planned(bundle, tmp_path / "b", threshold=1.0, coverage=0.9)
+    probe = edge_sdk.load(b, memory_reader=lambda: PLENTY_MB)
+    budget = Budget(latency_ms=probe.policy.predicted_latency_ms(unconstrained_best(b)) * 1.01)
+    best = probe.policy.choose(budget)[0]
+    m = edge_sdk.load(b, policy="cascade", memory_reader=lambda: PLENTY_MB,
+                      clock=StepClock(budget.latency_ms))  # the first stage eats the budget
+    p = m.predict(xs[0], budget)
+    assert p.width < best.width and p.latency_ms == pytest.approx(budget.latency_ms)
+
+
+def test_two_stage_cascade_follows_the_exported_plan(bundle, manifest, xs):
+    """On the real bundle's plans: the first stage answers exactly when its confidence
+    reaches the plan's threshold."""
+    best = unconstrained_best(bundle)
+    if not any(best.id in c.cascade for c in manifest.configurations):
+        pytest.skip("bundle exported before cascade plans existed")
+    m = edge_sdk.load(bundle, policy="cascade", memory_reader=lambda: PLENTY_MB)
+    firsts = set()
+    for x in xs:
+        p = m.predict(x)
+        if p.config_id != best.id:
+            c = manifest.configuration(p.config_id)
+            assert p.confidence >= c.cascade[best.id]["threshold"]
+            firsts.add(c.id)
+    assert len(firsts) <= 1, "one first stage per (best, budget)"
 
 
 # --------------------------------------------------------------------------- torch-free

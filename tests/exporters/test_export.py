@@ -580,3 +580,46 @@ def test_latency_and_memory(checkpoints, calib):
     assert memory_mb(buf, big) == pytest.approx(big / 2 ** 20)
     small = info["params"]
     assert memory_mb(buf, small) >= small / 2 ** 20
+
+
+# ----------------------------------------------------------------------------- cascade plans
+def _cascade_case(n=3000, c=5, seed=1):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, c, n)
+    def probs(skill):
+        z = rng.normal(0, 1, (n, c))
+        z[np.arange(n), labels] += skill * rng.uniform(0, 3, n)
+        return _softmax(z)
+    return probs(1.0), probs(2.0), labels  # narrow, wide
+
+
+@pytest.mark.parametrize("max_loss", [0.0, 0.002, 0.01, 0.05])
+def test_cascade_threshold_bounds_the_loss_and_takes_the_largest_coverage(max_loss):
+    from exporters.calibrate import cascade_threshold
+
+    narrow, wide, labels = _cascade_case()
+    plan = cascade_threshold(narrow, wide, labels, max_loss)
+    conf = narrow.max(1)
+    here, there = narrow.argmax(1) == labels, wide.argmax(1) == labels
+
+    def loss(t):
+        accept = conf >= t
+        return (np.where(accept, here, there).mean() - there.mean()) * -1, accept.mean()
+
+    assert plan["max_loss"] == max_loss
+    if plan["threshold"] is None:
+        assert plan["coverage"] == 0.0
+        return
+    got, coverage = loss(plan["threshold"])
+    assert got <= max_loss + 1e-12 and coverage == pytest.approx(plan["coverage"])
+    # no lower threshold (more coverage) among the observed confidences keeps the bound
+    lower = np.sort(conf[conf < plan["threshold"]])
+    assert all(loss(t)[0] > max_loss + 1e-12 for t in lower)
+
+
+def test_cascade_threshold_accepts_everything_when_the_narrow_one_is_as_good():
+    from exporters.calibrate import cascade_threshold
+
+    narrow, _, labels = _cascade_case()
+    plan = cascade_threshold(narrow, narrow, labels, 0.0)
+    assert plan["coverage"] == 1.0 and plan["threshold"] == pytest.approx(narrow.max(1).min())
