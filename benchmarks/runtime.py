@@ -74,6 +74,19 @@ def main() -> None:
     data = load_data(DataConfig(source=args.data))
     xs, ys = data.test.raw[: args.samples], data.test.y[: args.samples].numpy()
 
+    # this process's latency of every configuration as the policy measures it (the invokes'
+    # wall time, Prediction.latency_ms), median of pinned predictions
+    true_ms = {c.id: statistics.median(model.predict(x, config_id=c.id).latency_ms
+                                       for _ in range(max(args.repeats // 3, 20)))
+               for c in model.manifest.configurations}
+
+    def ideal(budget):
+        """The rule applied with the true latencies: what a perfect predictor would choose."""
+        fit = [c for c in model.manifest.configurations
+               if (budget.latency_ms is None or true_ms[c.id] <= budget.latency_ms)
+               and (budget.memory_mb is None or model.policy.memory_need_mb(c) <= budget.memory_mb)]
+        return min(fit, key=model.policy.preference).id if fit else None
+
     # budget trace: latency budget stepping down and back up, then a memory squeeze
     fast, slow = min(lat.values()), max(lat.values())
     phases = [("roomy", edge_sdk.Budget(latency_ms=slow * 3)),
@@ -82,20 +95,27 @@ def main() -> None:
               ("recovered", edge_sdk.Budget(latency_ms=slow * 3)),
               ("memory squeeze", edge_sdk.Budget(memory_mb=min(c.memory_mb or 1e9
                                                                for c in points) + 0.01))]
-    print(f"\n{'phase':<16}{'budget':>22}{'widths chosen':>28}{'acc':>7}{'met':>7}{'rule':>7}")
+    print(f"\n{'phase':<16}{'budget':>22}{'rule (true latency)':>21}{'chosen':>26}{'acc':>7}"
+          f"{'met':>7}{'rule':>7}")
+    all_met, all_rule, n = 0, 0, 0
     for name, budget in phases:
         preds = [model.predict(xi, budget) for xi in xs]
-        widths = sorted({pr.width for pr in preds})
         met = np.mean([pr.budget_met for pr in preds])
-        best, _ = model.policy.choose(budget)
-        rule = np.mean([pr.config_id == best.id for pr in preds])
+        want = ideal(budget)
+        rule = np.mean([pr.config_id == want for pr in preds])
+        all_met, all_rule, n = all_met + met * len(preds), all_rule + rule * len(preds), \
+            n + len(preds)
+        top = max(set(pr.config_id for pr in preds), key=[pr.config_id for pr in preds].count)
         acc = np.mean([pr.label == y for pr, y in zip(preds, ys)])
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         btxt = f"{fmt(budget.latency_ms)} ms / {fmt(budget.memory_mb)} MB"
-        print(f"{name:<16}{btxt:>22}{str(widths):>28}{acc:>7.4f}{met:>7.3f}{rule:>7.3f}")
+        print(f"{name:<16}{btxt:>22}{str(want):>21}{top:>26}{acc:>7.4f}{met:>7.3f}{rule:>7.3f}")
+    print(f"{'all phases':<16}{'':>22}{'':>21}{'':>26}{'':>7}{all_met / n:>7.3f}"
+          f"{all_rule / n:>7.3f}")
 
-    # cascade vs always-full, point scope, once per exported target accuracy: the target sets
-    # the confidence threshold below which the cascade escalates (the accuracy/latency dial)
+    # cascade vs always-full, point scope. "plan": the two-stage cascade with the plans fitted
+    # at export (accuracy loss <= max_loss on validation); "climb T": the width climb on the
+    # target-accuracy thresholds, for each exported target T
     full_model = edge_sdk.load(args.bundle, threads=1)
     full_model.policy.configs = points
     t_full, acc_full = [], []
@@ -105,12 +125,18 @@ def main() -> None:
         acc_full.append(pf.label == y)
     print(f"\ncascade vs always {full.id} (mean invoke latency {np.mean(t_full):.4f} ms, "
           f"accuracy {np.mean(acc_full):.4f})")
-    print(f"{'target':>7}{'mean ms':>9}{'saved':>8}{'accuracy':>10}{'change pt':>10}"
+    print(f"{'cascade':>12}{'mean ms':>9}{'saved':>8}{'accuracy':>10}{'change pt':>10}"
           f"{'answered by':>40}")
-    for target in sorted(full.thresholds, key=float):
-        casc = edge_sdk.load(args.bundle, threads=1, policy="cascade",
-                             target_accuracy=float(target))
-        casc.policy.configs = points  # point scope only: the cascade climbs widths
+    variants = [("plan", 0.95, False)] + [(f"climb {t}", float(t), True)
+                                         for t in sorted(full.thresholds, key=float)]
+    for label, target, climb in variants:
+        casc = edge_sdk.load(args.bundle, threads=1, policy="cascade", target_accuracy=target)
+        casc.policy.configs = points  # point scope only
+        if climb:
+            casc._cascade = casc._climb
+        elif not any(full.id in c.cascade for c in points):
+            print(f"{label:>12}  (this bundle has no cascade plans: re-export it)")
+            continue
         t_c, acc_c, who = [], [], []
         for xi, y in zip(xs, ys):
             pc = casc.predict(xi)
@@ -119,7 +145,7 @@ def main() -> None:
             who.append(pc.width)
         saved = 1 - np.mean(t_c) / np.mean(t_full)
         mix = " ".join(f"{w:g}:{who.count(w) / len(who):.0%}" for w in sorted(set(who)))
-        print(f"{target:>7}{np.mean(t_c):>9.4f}{saved:>8.1%}{np.mean(acc_c):>10.4f}"
+        print(f"{label:>12}{np.mean(t_c):>9.4f}{saved:>8.1%}{np.mean(acc_c):>10.4f}"
               f"{100 * (np.mean(acc_c) - np.mean(acc_full)):>+10.2f}{mix:>40}")
 
 

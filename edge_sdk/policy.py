@@ -12,9 +12,9 @@ MACs-based estimate) when the runtime was given one, else the manifest's host-me
 else a deliberately slow MACs-based fallback. A measurement ages: with no new observation its
 weight halves every ``half_life_s`` towards the prior, so a configuration measured slow during a
 transient (another app, thermal throttling) is tried again later instead of being shunned for
-good. Hysteresis: the configuration chosen last keeps being chosen while its prediction stays
-within ``1 + hysteresis`` of the budget, so a latency hovering at the budget does not flap
-between two widths.
+good. Hysteresis: while the configuration chosen last still fits, a better one replaces it only
+if it fits with ``hysteresis`` (10 %) headroom below the budget, so a latency hovering at the
+budget does not flap between two widths, and nothing is kept once it no longer fits.
 """
 from __future__ import annotations
 
@@ -168,14 +168,15 @@ class Policy:
         pool = self._ranked if among is None else sorted(among, key=self.preference)
         now, limit, latency = self._clock(), self._limit(budget), budget.latency_ms
         best = next((c for c in pool if self._fits(c, latency, limit, now)), None)
-        if self._last is not None and (best is None or best.id != self._last):
-            last = self._by_id.get(self._last)
-            # keep the previous choice while it is still within the hysteresis band and no
-            # strictly better configuration fits
-            if last is not None and last in pool and \
-                    self._fits(last, latency, limit, now, 1 + self.hysteresis) and \
-                    (best is None or self.preference(best) >= self.preference(last)):
-                return last, True
+        last = self._by_id.get(self._last) if self._last is not None else None
+        if best is not None and last is not None and best.id != last.id and last in pool \
+                and self._fits(last, latency, limit, now):
+            # Hysteresis: the incumbent fits, and a better configuration replaces it only if
+            # that one fits with `hysteresis` headroom; so a latency hovering at the budget
+            # does not flap, and no configuration is ever kept beyond the budget.
+            headroom = 1 - self.hysteresis
+            best = next((c for c in pool if c is last or
+                         self._fits(c, latency, limit, now, headroom)), last)
         if best is not None:
             self._last = best.id
             return best, True
