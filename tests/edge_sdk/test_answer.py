@@ -131,9 +131,9 @@ def test_pinned_predict_feeds_the_policys_latency_estimate(bundle):
         if c.id != target.id:
             assert m.policy.predicted_latency_ms(c) == priors[c.id]
 
-    timer.step_ms = 17.0
+    timer.step_ms = 12.0
     m.predict(x, config_id=target.id)
-    assert m.policy.predicted_latency_ms(target) == pytest.approx(0.8 * 7.0 + 0.2 * 17.0)
+    assert m.policy.predicted_latency_ms(target) == pytest.approx(0.8 * 7.0 + 0.2 * 12.0)
 
 
 def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
@@ -143,8 +143,8 @@ def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
                       clock=FakeClock())
     x = np.zeros(tuple(m.manifest.input.shape[1:]), np.float32)
     budget = Budget(latency_ms=1e3)  # every prior fits
-    first = m.predict(x, budget).config_id
-    timer.step_ms = 1e5  # the chosen configuration, pinned, measures far over the budget
+    first = m.policy.choose(budget)[0].id
+    timer.step_ms = 1e5  # its first measurement, pinned, is far over the budget
     m.predict(x, config_id=first)
     timer.step_ms = 1.0
     assert m.predict(x, budget).config_id != first

@@ -265,21 +265,34 @@ def test_measured_latency_overrides_the_manifest_then_moves_by_the_ewma_factor()
     assert p.predicted_latency_ms(c) == 1.0
     p.observe("c", 3.0)
     assert p.predicted_latency_ms(c) == pytest.approx(3.0)  # first measurement replaces it
-    p.observe("c", 8.0)
-    assert p.predicted_latency_ms(c) == pytest.approx(3.0 + 0.2 * (8.0 - 3.0))
-    p.observe("c", 4.0)
-    assert p.predicted_latency_ms(c) == pytest.approx(4.0)  # 4 + 0.2 * (4 - 4)
+    p.observe("c", 5.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(3.0 + 0.2 * (5.0 - 3.0))
+    p.observe("c", 3.4)
+    assert p.predicted_latency_ms(c) == pytest.approx(3.4)  # 3.4 + 0.2 * (3.4 - 3.4)
 
 
 @given(st.lists(st.floats(0.01, 100.0), min_size=2, max_size=20))
 def test_ewma_moves_toward_each_measurement_by_a_fifth(measurements):
+    """... of the measurement clipped at twice the estimate (outliers)."""
     c = config("c", latency_ms=50.0)
     p = policy([c])
     p.observe("c", measurements[0])
     for m in measurements[1:]:
         before = p.predicted_latency_ms(c)
         p.observe("c", m)
-        assert p.predicted_latency_ms(c) == pytest.approx(before + 0.2 * (m - before), rel=1e-12)
+        want = before + 0.2 * (min(m, 2 * before) - before)
+        assert p.predicted_latency_ms(c) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_single_spike_moves_the_estimate_by_at_most_a_fifth_but_a_slowdown_is_followed():
+    c = config("c", latency_ms=1.0)
+    p = policy([c])
+    p.observe("c", 1.0)
+    p.observe("c", 10.0)  # one 10x preemption spike
+    assert p.predicted_latency_ms(c) == pytest.approx(1.2)
+    for _ in range(30):  # the device really became 3x slower
+        p.observe("c", 3.0)
+    assert p.predicted_latency_ms(c) == pytest.approx(3.0, rel=0.01)
 
 
 def test_measurements_change_the_choice():
