@@ -61,15 +61,18 @@ def _nhwc(ds: ArrayDataset, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
     return x.permute(0, 2, 3, 1).contiguous().numpy(), y.numpy()
 
 
-def _logits(files: list[bytes], scope: str, xs: np.ndarray) -> np.ndarray:
-    """[S, N, C] logits of a configuration on NHWC inputs, through the interpreter."""
+def slice_logits(files: list[bytes], scope: str, xs: np.ndarray) -> np.ndarray:
+    """[S, N, C] logits of a configuration on NHWC inputs, through the interpreter (head scope:
+    one file, [S, C] per invoke; all scope: one file per sample)."""
     if scope == "head":
         return np.transpose(run_tflite(files[0], xs), (1, 0, 2))  # [N, S, C] -> [S, N, C]
     return np.stack([run_tflite(f, xs)[:, 0] for f in files])
 
 
-def _quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
-             ood_logits: np.ndarray | None) -> dict[str, float]:
+def quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
+            ood_logits: np.ndarray | None) -> tuple[np.ndarray, dict[str, float]]:
+    """Predictive probabilities [N, C] (samples averaged at ``temperature``) and the metrics
+    row the manifest records (accuracy, NLL, ECE, Brier, mutual information, OOD AUROC)."""
     probs_s = M.softmax(np.asarray(logits, np.float64) / temperature, axis=-1)
     probs = probs_s.mean(0)
     row = {k: float(v) for k, v in M.summarize(probs, labels).items()}
@@ -78,7 +81,7 @@ def _quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
         ood_probs = M.softmax(np.asarray(ood_logits, np.float64) / temperature, axis=-1)
         row["ood_auroc"] = float(M.ood_auroc(M.predictive_entropy(probs_s),
                                              M.predictive_entropy(ood_probs)))
-    return row
+    return probs, row
 
 
 def _codebook_stats(model, kind: str) -> tuple[int | None, float | None]:
@@ -192,12 +195,12 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
             [f"{cid}-s{i}.tflite" for i in range(len(blobs))]
         bufs = [b for b, _ in blobs]
         info = blobs[0][1]
-        val_logits = _logits(bufs, scope, val_x)
+        val_logits = slice_logits(bufs, scope, val_x)
         temperature = fit_temperature(val_logits, val_y)
         val_probs = predictive_probs(val_logits, temperature)
         val_probs_of[cid] = val_probs
-        test_logits = _logits(bufs, scope, test_x)
-        ood_logits = None if ood_x is None else _logits(bufs, scope, ood_x)
+        test_logits = slice_logits(bufs, scope, test_x)
+        ood_logits = None if ood_x is None else slice_logits(bufs, scope, ood_x)
         latency = memory = None
         if opts.measure:
             per_file = [latency_ms(b, test_x[0]) for b in bufs]
@@ -219,8 +222,8 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
             weight_entropy_bits=entropy,
             thresholds=confidence_thresholds(val_probs, val_y, opts.targets),
             val_nll=float(M.nll(val_probs, val_y)),
-            test={"raw": _quality(test_logits, test_y, 1.0, ood_logits),
-                  "calibrated": _quality(test_logits, test_y, temperature, ood_logits)},
+            test={"raw": quality(test_logits, test_y, 1.0, ood_logits)[1],
+                  "calibrated": quality(test_logits, test_y, temperature, ood_logits)[1]},
             latency_ms=latency, memory_mb=memory))
     bar.close()
     for c in configs:  # two-stage cascade plans: this configuration first, a wider one second

@@ -245,38 +245,24 @@ def load_eval_data(manifest: Manifest, eval_data: str | None = None,
 
 
 def _config_logits(bundle_dir: Path, config: Configuration, xs: np.ndarray) -> np.ndarray:
-    """[S, N, C] logits of ``config`` on NHWC inputs: one interpreter per file, every sample
-    through it (head scope: one file, [S, C] per invoke; all scope: one file per sample)."""
-    from exporters.measure import run_tflite
+    """[S, N, C] logits of ``config`` on NHWC inputs, through the interpreter."""
+    from exporters.export import slice_logits
 
     bufs = [resolve_file(bundle_dir, f.name).read_bytes() for f in config.files]
-    if config.scope == "head":
-        return np.transpose(run_tflite(bufs[0], xs), (1, 0, 2))  # [N, S, C] -> [S, N, C]
-    return np.stack([run_tflite(b, xs)[:, 0] for b in bufs])
-
-
-def _quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
-             ood_logits: np.ndarray | None) -> tuple[np.ndarray, dict[str, float]]:
-    probs_s = M.softmax(np.asarray(logits, np.float64) / temperature, axis=-1)
-    probs = probs_s.mean(0)
-    row = {k: float(v) for k, v in M.summarize(probs, labels).items()}
-    row["mutual_info"] = float(M.mutual_information(probs_s).mean())
-    if ood_logits is not None:
-        ood_probs = M.softmax(np.asarray(ood_logits, np.float64) / temperature, axis=-1)
-        row["ood_auroc"] = float(M.ood_auroc(M.predictive_entropy(probs_s),
-                                             M.predictive_entropy(ood_probs)))
-    return probs, row
+    return slice_logits(bufs, config.scope, xs)
 
 
 def evaluate_configuration(bundle_dir: str | os.PathLike, config: Configuration,
                            data: EvalData) -> ConfigResult:
     """Run ``config``'s files on ``data`` (and its OOD inputs in the same interpreter pass)."""
+    from exporters.export import quality
+
     xs = data.x if data.ood_x is None else np.concatenate([data.x, data.ood_x])
     logits = _config_logits(Path(bundle_dir), config, xs)
     n = len(data.x)
     ood = None if data.ood_x is None else logits[:, n:]
-    probs, cal = _quality(logits[:, :n], data.y, config.temperature, ood)
-    _, raw = _quality(logits[:, :n], data.y, 1.0, ood)
+    probs, cal = quality(logits[:, :n], data.y, config.temperature, ood)
+    _, raw = quality(logits[:, :n], data.y, 1.0, ood)
     return ConfigResult(probs=probs, metrics=cal, raw_metrics=raw)
 
 
