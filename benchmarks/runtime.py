@@ -38,22 +38,39 @@ def main() -> None:
     x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)
     points = [c for c in model.manifest.configurations if c.scope == "point"]
 
-    print(f"backend {model.backend}; 1 thread; batch 1; median of {args.repeats}")
-    print(f"{'config':<14}{'invoke ms':>10}{'predict ms':>11}{'overhead us':>12}{'ratio':>7}"
-          f"{'lat/lat(1)':>11}{'MACs/MACs(1)':>13}")
+    print(f"backend {model.backend}; 1 thread; batch 1; median of {args.repeats}, the three "
+          f"timings interleaved call by call")
+    print(f"{'config':<14}{'invoke ms':>10}{'set+inv+get':>12}{'predict ms':>11}"
+          f"{'over invoke us':>15}{'over s+i+g us':>14}{'ratio':>7}{'lat/lat(1)':>11}"
+          f"{'MACs/MACs(1)':>13}")
     full = max(points, key=lambda c: c.width)
-    lat = {}
+    lat, rows = {}, {}
     for c in points:
         interps = model._interpreters(c)
         xin = model._prepare(x, "x")
-        for it, inp, _ in interps:
-            it.set_tensor(inp, xin)
-        lat[c.id] = median_ms(lambda: [it.invoke() for it, _, _ in interps], args.repeats)
+        bare, copy, pred = [], [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            for it, _, _ in interps:
+                it.invoke()
+            t1 = time.perf_counter()
+            for it, inp, out in interps:  # what any caller of the interpreter must do
+                it.set_tensor(inp, xin)
+                it.invoke()
+                it.get_tensor(out)
+            t2 = time.perf_counter()
+            model.predict(x, config_id=c.id)
+            t3 = time.perf_counter()
+            bare.append(t1 - t0)
+            copy.append(t2 - t1)
+            pred.append(t3 - t2)
+        lat[c.id] = statistics.median(bare) * 1e3
+        rows[c.id] = (statistics.median(copy) * 1e3, statistics.median(pred) * 1e3)
     for c in points:
-        raw = lat[c.id]
-        pred = median_ms(lambda: model.predict(x, config_id=c.id), args.repeats)
-        print(f"{c.id:<14}{raw:>10.3f}{pred:>11.3f}{(pred - raw) * 1e3:>12.1f}{pred / raw:>7.2f}"
-              f"{raw / lat[full.id]:>11.2f}{c.macs / full.macs:>13.2f}")
+        raw, (sig, prd) = lat[c.id], rows[c.id]
+        print(f"{c.id:<14}{raw:>10.3f}{sig:>12.3f}{prd:>11.3f}{(prd - raw) * 1e3:>15.1f}"
+              f"{(prd - sig) * 1e3:>14.1f}{prd / raw:>7.3f}{raw / lat[full.id]:>11.2f}"
+              f"{c.macs / full.macs:>13.2f}")
 
     # width switch with slices resident: alternate two configurations, time each call
     a, b = points[0], full
