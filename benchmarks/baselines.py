@@ -245,24 +245,21 @@ def goals(rows: list[dict]) -> list[str]:
         ok = acc >= det - 0.005
         out.append(f"G1 full-width acc >= det fp32 - 0.5 pt | {m:<18} {acc:.4f} vs "
                    f"{det:.4f} - 0.005  {'PASS' if ok else 'MISS'}")
-    for base in ("slimmable +TS", "slimmable"):
-        for m in ours:
-            cells, ok = [], True
-            for w in WIDTHS:
-                e, b = _get(rows, m, w)["ece"], _get(rows, base, w)["ece"]
-                ok &= e <= 0.5 * b
-                cells.append(f"{w:g}: {e:.4f}/{b:.4f}")
-            out.append(f"G2 ECE <= 0.5 x {base:<13} every width | {m:<18} "
-                       f"{'  '.join(cells)}  {'PASS' if ok else 'MISS'}")
-    for base in ("slimmable +TS", "slimmable"):
-        for m in ours:
-            cells, ok = [], True
-            for w in WIDTHS:
-                a, b = _get(rows, m, w)["ood_auroc"], _get(rows, base, w)["ood_auroc"]
-                ok &= a >= b + 0.05
-                cells.append(f"{w:g}: {a:.4f}/{b:.4f}")
-            out.append(f"G3 OOD AUROC >= {base:<13} + 5 pt every width | {m:<18} "
-                       f"{'  '.join(cells)}  {'PASS' if ok else 'MISS'}")
+
+    def per_width(label: str, metric: str, holds) -> None:
+        for base in ("slimmable +TS", "slimmable"):
+            for m in ours:
+                cells, ok = [], True
+                for w in WIDTHS:
+                    a, b = _get(rows, m, w)[metric], _get(rows, base, w)[metric]
+                    ok &= holds(a, b)
+                    cells.append(f"{w:g}: {a:.4f}/{b:.4f}")
+                out.append(f"{label.format(base=f'{base:<13}')} | {m:<18} "
+                           f"{'  '.join(cells)}  {'PASS' if ok else 'MISS'}")
+
+    per_width("G2 ECE <= 0.5 x {base} every width", "ece", lambda a, b: a <= 0.5 * b)
+    per_width("G3 OOD AUROC >= {base} + 5 pt every width", "ood_auroc",
+              lambda a, b: a >= b + 0.05)
     return out
 
 
