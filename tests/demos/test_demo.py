@@ -16,12 +16,13 @@ from edge_sdk.bundle import read_manifest  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+@pytest.fixture(scope="module", params=["pwfn", "sqs"])
+def demo(request, tmp_path_factory):
     from demos.digits_budget import run
 
-    out = tmp_path_factory.mktemp("demo")
-    return run(out, "pwfn", quick=True, samples=2, calls=25, progress=False)
+    out = tmp_path_factory.mktemp(f"demo-{request.param}")
+    paths = run(out, request.param, quick=True, samples=2, calls=25, progress=False)
+    return {**paths, "method": request.param}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,8 @@ def records(demo):
 def test_every_stage_leaves_its_artifact(demo):
     for key in ("checkpoint", "bundle", "trace", "report"):
         assert demo[key].exists(), key
-    assert demo["checkpoint"].parent.name == "pwfn"  # export used the quantized checkpoint
+    assert demo["checkpoint"].parent.name == demo["method"]  # the quantized one was exported
+    assert read_manifest(demo["bundle"]).source["posterior"] == demo["method"]
 
 
 def test_bundle_loads_and_every_width_predicts(demo):
