@@ -10,7 +10,8 @@ Predicted latency is an EWMA of latencies measured on this device once there are
 prior: the device profile's figure (a measured profile's latency table, or a published profile's
 MACs-based estimate) when the runtime was given one, else the manifest's host-measured latency,
 else a deliberately slow MACs-based fallback. A measurement ages: with no new observation its
-weight halves every ``half_life_s`` towards the prior, so a configuration measured slow during a
+weight halves every ``half_life_s`` seconds or every ``half_life_calls`` decisions, whichever
+comes first, towards the prior, so a configuration measured slow during a
 transient (another app, thermal throttling) is tried again later instead of being shunned for
 good, and a fresh estimate clips a measurement at twice itself, so one preemption spike cannot
 push a configuration out of its budget. Hysteresis: while the configuration chosen last still fits, a better one replaces it only
@@ -80,13 +81,20 @@ class Policy:
     def __init__(self, configs: Sequence[Configuration], memory: MemoryProbe,
                  ewma: float = 0.2, hysteresis: float = 0.1,
                  priors: Mapping[str, float] | None = None, half_life_s: float = 10.0,
+                 half_life_calls: int = 200,
                  outlier: float = 2.0, clock: Callable[[], float] = time.monotonic):
         self.memory = memory
+        # ageing in seconds covers an idle app; in decisions, a fast one (0.1 ms calls would
+        # otherwise shun a configuration for 10 s after a burst). Retrying a configuration that
+        # really is slow costs one late call per >= 1 half-life: <= 0.5 % of calls at 200.
         self.ewma, self.hysteresis, self.half_life_s = ewma, hysteresis, half_life_s
+        self.half_life_calls = half_life_calls
+        self._calls = 0  # decisions made (choose), the second clock measurements age by
         self.outlier = outlier
         self._priors = dict(priors or {})
         self._clock = clock
-        self._measured: dict[str, tuple[float, float]] = {}  # id -> (EWMA ms, when observed)
+        # id -> (EWMA ms, when observed, decisions made by then)
+        self._measured: dict[str, tuple[float, float, int]] = {}
         self._last: str | None = None
         self.configs = configs
 
@@ -118,11 +126,16 @@ class Policy:
         if m is None:
             return self.prior_latency_ms(c)
         # weight of the prior: 0 for a fresh measurement, -> 1 as it ages
-        stale = 1.0 - 0.5 ** ((now - m[1]) / self.half_life_s)
+        stale = self._stale(m, now)
         return m[0] if stale < 1e-3 else (1 - stale) * m[0] + stale * self.prior_latency_ms(c)
 
     def predicted_latency_ms(self, c: Configuration) -> float:
         return self._predicted(c, self._clock())
+
+    def _stale(self, m: tuple[float, float, int], now: float) -> float:
+        """Weight of the prior: 0 for a fresh measurement, -> 1 as it ages."""
+        age = max((now - m[1]) / self.half_life_s, (self._calls - m[2]) / self.half_life_calls)
+        return 1.0 - 0.5 ** age
 
     @staticmethod
     def memory_need_mb(c: Configuration) -> float:
@@ -138,7 +151,7 @@ class Policy:
         if old is None:
             new = latency_ms
         else:
-            stale = 1.0 - 0.5 ** ((now - old[1]) / self.half_life_s)
+            stale = self._stale(old, now)
             a = max(self.ewma, stale)
             pred = self._predicted(self._by_id[config_id], now)
             if stale <= self.ewma:
@@ -148,7 +161,7 @@ class Policy:
                 # still followed at the full EWMA rate
                 latency_ms = min(latency_ms, self.outlier * pred)
             new = (1 - a) * pred + a * latency_ms
-        self._measured[config_id] = (new, now)
+        self._measured[config_id] = (new, now, self._calls)
 
     # ---- the rule --------------------------------------------------------------------------
     def _fits(self, c: Configuration, latency: float | None, mem_limit: float, now: float,
@@ -176,6 +189,7 @@ class Policy:
                among: Sequence[Configuration] | None = None) -> tuple[Configuration, bool]:
         """(configuration, budget_met) for this call."""
         pool = self._ranked if among is None else sorted(among, key=self.preference)
+        self._calls += 1
         now, limit, latency = self._clock(), self._limit(budget), budget.latency_ms
         best = next((c for c in pool if self._fits(c, latency, limit, now)), None)
         last = self._by_id.get(self._last) if self._last is not None else None
@@ -184,9 +198,10 @@ class Policy:
             # Hysteresis: the incumbent fits, and a better configuration replaces it only if
             # that one fits with `hysteresis` headroom; so a latency hovering at the budget
             # does not flap, and no configuration is ever kept beyond the budget.
-            headroom = 1 - self.hysteresis
-            best = next((c for c in pool if c is last or
-                         self._fits(c, latency, limit, now, headroom)), last)
+            headroom, keep = 1 - self.hysteresis, self.preference(last)
+            best = next((c for c in pool if c is last or (
+                self.preference(c) < keep and self._fits(c, latency, limit, now, headroom))),
+                last)
         if best is not None:
             self._last = best.id
             return best, True

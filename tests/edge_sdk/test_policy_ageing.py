@@ -145,3 +145,23 @@ def test_observation_after_one_half_life_weighs_the_measurement_by_half():
     clock.t += HALF_LIFE
     p.observe("c", 30.0)
     assert p.predicted_latency_ms(c) == pytest.approx(0.5 * 6.0 + 0.5 * 30.0)
+
+
+def test_measurements_also_age_by_decisions_made_without_time_passing():
+    """A fast app makes hundreds of decisions a second: after `half_life_calls` of them the
+    measurement is halfway to the prior even on a frozen clock."""
+    p, c, _clock = aged(prior=2.0, measured=10.0, half_life_calls=50)
+    for _ in range(50):
+        p.choose(Budget())
+    assert p.predicted_latency_ms(c) == pytest.approx(6.0, rel=1e-12)
+
+
+def test_a_configuration_shunned_after_a_burst_is_retried_after_enough_decisions():
+    clock = FakeClock(0.0)
+    best = config("best", width=1.0, val_nll=0.1, latency_ms=3.0)
+    fallback = config("fallback", width=0.5, val_nll=0.5, latency_ms=1.0)
+    p = policy([best, fallback], clock=clock, half_life_calls=100)
+    p.observe("best", 40.0)  # a burst: this process measured it far over the budget
+    picks = [p.choose(Budget(latency_ms=5.0))[0].id for _ in range(1000)]
+    first_retry = picks.index("best")
+    assert 100 < first_retry < 1000 and set(picks[:first_retry]) == {"fallback"}
