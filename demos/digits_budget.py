@@ -141,7 +141,7 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
 
     t0 = _stage("4/5 replay a changing budget with the torch-free runtime")
     test = load_data(cfg.data).test
-    xs, ys = test.raw.numpy() if hasattr(test.raw, "numpy") else test.raw, test.y.numpy()
+    xs, ys = test.raw, test.y.numpy()  # raw: NHWC numpy, what an app would pass
     records = replay(bundle, xs, ys, calls)
     trace = out / "trace.json"
     trace.write_text(json.dumps({"records": records}))

@@ -125,9 +125,12 @@ class Policy:
         m = self._measured.get(c.id)
         if m is None:
             return self.prior_latency_ms(c)
-        # weight of the prior: 0 for a fresh measurement, -> 1 as it ages
-        stale = self._stale(m, now)
-        return m[0] if stale < 1e-3 else (1 - stale) * m[0] + stale * self.prior_latency_ms(c)
+        return self._blend(c, m[0], self._stale(m, now))
+
+    def _blend(self, c: Configuration, measured: float, stale: float) -> float:
+        if stale < 1e-3:
+            return measured
+        return (1 - stale) * measured + stale * self.prior_latency_ms(c)
 
     def predicted_latency_ms(self, c: Configuration) -> float:
         return self._predicted(c, self._clock())
@@ -153,7 +156,7 @@ class Policy:
         else:
             stale = self._stale(old, now)
             a = max(self.ewma, stale)
-            pred = self._predicted(self._by_id[config_id], now)
+            pred = self._blend(self._by_id[config_id], old[0], stale)
             if stale <= self.ewma:
                 # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
                 # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot

@@ -17,7 +17,6 @@ stdlib + pyyaml only (device side).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import platform
 import re
@@ -27,7 +26,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from edge_sdk.errors import ProfileError
+from edge_sdk.bundle import _bool, _choice, _fail, _float, _int, _mapping
+from edge_sdk.errors import BundleError, ProfileError
 
 SCHEMA_VERSION = 1
 ARCHES = ("arm64", "x86_64")
@@ -102,32 +102,14 @@ class DeviceProfile:
 # ---------------------------------------------------------------- validation (schema version 1)
 
 
-def _fail(where: str, msg: str):
-    raise ProfileError(f"{where}: {msg}")
+# The bundle schema's validators, reused: they raise BundleError naming the dotted key path,
+# which profile_from_dict turns into ProfileError at its boundary.
 
 
 def _get(d: Mapping, key: str, where: str) -> Any:
     if key not in d:
         _fail(where, f"missing key {key!r}")
     return d[key]
-
-
-def _num(v: Any, where: str, *, integer: bool = False, positive: bool = True,
-         minimum: float | None = None) -> float:
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
-        _fail(where, f"expected {'an integer' if integer else 'a finite number'}, got {v!r}")
-    if minimum is not None and v < minimum:
-        _fail(where, f"expected a value >= {minimum:g}, got {v!r}")
-    if positive and minimum is None and v <= 0:
-        _fail(where, f"expected a value > 0, got {v!r}")
-    return v
-
-
-def _mapping(v: Any, where: str) -> Mapping:
-    if not isinstance(v, Mapping):
-        _fail(where, f"expected a mapping, got {type(v).__name__}")
-    return v
 
 
 def _thread_key(k: Any, where: str, cores: int) -> int:
@@ -141,6 +123,13 @@ def _thread_key(k: Any, where: str, cores: int) -> int:
 
 
 def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
+    try:
+        return _profile_from_dict(d, where)
+    except BundleError as e:
+        raise ProfileError(str(e)) from None
+
+
+def _profile_from_dict(d: Any, where: str) -> DeviceProfile:
     d = _mapping(d, where)
     unknown = set(d) - {"schema_version", "name", "description", "cpu", "ram_mb", "throughput",
                         "measured", "sources", "bundle", "host"}
@@ -155,14 +144,12 @@ def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
         _fail(f"{where}.name", f"expected a name of letters, digits, '_', '-', '.', got {name!r}")
     desc = d.get("description", "")
     cpu = _mapping(_get(d, "cpu", where), f"{where}.cpu")
-    cores = int(_num(_get(cpu, "cores", f"{where}.cpu"), f"{where}.cpu.cores", integer=True))
+    cores = _int(_get(cpu, "cores", f"{where}.cpu"), f"{where}.cpu.cores", minimum=1)
     clock = _get(cpu, "max_clock_ghz", f"{where}.cpu")
     if clock is not None or d.get("measured") is not True:  # a host may not report its clock
-        clock = float(_num(clock, f"{where}.cpu.max_clock_ghz"))
-    arch = _get(cpu, "arch", f"{where}.cpu")
-    if arch not in ARCHES:
-        _fail(f"{where}.cpu.arch", f"expected one of {', '.join(ARCHES)}, got {arch!r}")
-    ram = int(_num(_get(d, "ram_mb", where), f"{where}.ram_mb", integer=True))
+        clock = _float(clock, f"{where}.cpu.max_clock_ghz", gt=0.0)
+    arch = _choice(_get(cpu, "arch", f"{where}.cpu"), f"{where}.cpu.arch", ARCHES)
+    ram = _int(_get(d, "ram_mb", where), f"{where}.ram_mb", minimum=1)
     tp = _mapping(_get(d, "throughput", where), f"{where}.throughput")
     if "fp32" not in tp:
         _fail(f"{where}.throughput", "missing key 'fp32' (every profile needs fp32 figures)")
@@ -179,12 +166,9 @@ def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
             t = _thread_key(k, w, cores)
             e = _mapping(entry, f"{w}.{k}")
             routes[route][t] = Throughput(
-                float(_num(_get(e, "gmacs", f"{w}.{k}"), f"{w}.{k}.gmacs")),
-                float(_num(_get(e, "overhead_ms", f"{w}.{k}"), f"{w}.{k}.overhead_ms",
-                           minimum=0.0)))
-    measured = d.get("measured", False)
-    if not isinstance(measured, bool):
-        _fail(f"{where}.measured", f"expected true or false, got {measured!r}")
+                _float(_get(e, "gmacs", f"{w}.{k}"), f"{w}.{k}.gmacs", gt=0.0),
+                _float(_get(e, "overhead_ms", f"{w}.{k}"), f"{w}.{k}.overhead_ms", ge=0.0))
+    measured = _bool(d.get("measured", False), f"{where}.measured")
     sources = d.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         _fail(f"{where}.sources", "expected a list of strings")
@@ -200,7 +184,7 @@ def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
                                f"{where}.bundle.latency_ms").items():
             w = f"{where}.bundle.latency_ms.{k}"
             lat[_thread_key(k, w, cores)] = {
-                str(cid): float(_num(ms, f"{w}.{cid}")) for cid, ms in _mapping(row, w).items()}
+                str(cid): _float(ms, f"{w}.{cid}", gt=0.0) for cid, ms in _mapping(row, w).items()}
     return DeviceProfile(name=name, description=str(desc), cpu_model=str(cpu.get("model", "")),
                          cores=cores, max_clock_ghz=clock, arch=arch, ram_mb=ram,
                          throughput=routes, measured=measured, sources=tuple(sources),
@@ -250,19 +234,22 @@ def cache_dir() -> Path:
     return base / "profiles"
 
 
-def cached_profile_path(bundle_dir: str | os.PathLike) -> Path:
-    """Where ``edge-sdk profile`` caches the measured profile of this bundle on this host."""
-    return cache_dir() / f"{host_id()}-{manifest_sha256(bundle_dir)[:16]}.yaml"
+def cached_profile_path(bundle_dir: str | os.PathLike, sha: str | None = None) -> Path:
+    """Where ``edge-sdk profile`` caches the measured profile of this bundle on this host
+    (``sha``: the manifest's sha256, when the caller has it already)."""
+    sha = sha or manifest_sha256(bundle_dir)
+    return cache_dir() / f"{host_id()}-{sha[:16]}.yaml"
 
 
-def find_cached(bundle_dir: str | os.PathLike) -> DeviceProfile | None:
+def find_cached(bundle_dir: str | os.PathLike, sha: str | None = None) -> DeviceProfile | None:
     """The cached measured profile for this bundle and host; one for a different manifest
     (the bundle was re-exported) is ignored."""
-    p = cached_profile_path(bundle_dir)
+    sha = sha or manifest_sha256(bundle_dir)
+    p = cached_profile_path(bundle_dir, sha)
     if not p.is_file():
         return None
     prof = load_profile(p)
-    return prof if prof.bundle_sha256 == manifest_sha256(bundle_dir) else None
+    return prof if prof.bundle_sha256 == sha else None
 
 
 def write_profile(profile: DeviceProfile, path: str | os.PathLike, header: str = "") -> Path:
@@ -355,7 +342,6 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
     routes = {"dequantize": "fp32", "float": "fp32", "hybrid": "int8"}
     throughput: dict[str, dict[int, Throughput]] = {}
     latency: dict[int, dict[str, float]] = {}
-    rows = []
     for t in threads:
         per_file: dict[str, float] = {}
         for c in manifest.configurations:
@@ -384,12 +370,6 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
                     [c.macs for c in single], [latency[t][c.id] for c in single])
     if "fp32" not in throughput:  # a hybrid-only bundle: its int8 figures are all we know
         throughput["fp32"] = dict(throughput["int8"])
-    for t in threads:
-        for c in manifest.configurations:
-            f = throughput[routes[c.weights] if routes[c.weights] in throughput else "fp32"][t]
-            rows.append({"threads": t, "config": c.id, "macs": c.macs, "invokes": c.invokes,
-                         "measured_ms": latency[t][c.id],
-                         "fitted_ms": c.invokes * (c.macs / (f.gmacs * 1e6) + f.overhead_ms)})
     profile = DeviceProfile(
         name=name or host_id(), cpu_model=host["model"], cores=host["cores"],
         description=f"measured by edge-sdk profile on {host_id()} ({backend}, {repeats} "
@@ -397,4 +377,8 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
         max_clock_ghz=host["max_clock_ghz"], arch=host["arch"], ram_mb=host["ram_mb"],
         throughput=throughput, measured=True, sources=(f"edge-sdk profile {Path(bundle_dir)}",),
         bundle_sha256=manifest_sha256(bundle_dir), latency_ms=latency)
+    rows = [{"threads": t, "config": c.id, "macs": c.macs, "invokes": c.invokes,
+             "measured_ms": latency[t][c.id],
+             "fitted_ms": profile.estimate_ms(c.macs, c.invokes, t, c.weights)}
+            for t in threads for c in manifest.configurations]
     return profile, rows

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -108,13 +108,14 @@ class EdgeModel:
         if profile is None:
             return None, "manifest", {}
         configs = self.manifest.configurations
+        sha = manifest_sha256(self.bundle_dir)
         if isinstance(profile, str) and profile == "auto":
-            prof = find_cached(self.bundle_dir)
+            prof = find_cached(self.bundle_dir, sha)
             if prof is None:
                 return None, "manifest", {}
         else:
             prof = load_profile(profile)
-        if prof.bundle_sha256 == manifest_sha256(self.bundle_dir):
+        if prof.bundle_sha256 == sha:
             measured = {c.id: prof.measured_latency_ms(c.id, self.threads) for c in configs}
             if all(v is not None for v in measured.values()):
                 return prof, f"measured profile {prof.name}", measured
@@ -282,6 +283,8 @@ class EdgeModel:
         ``max_loss`` against always running ``best``), else ``best`` runs too, budget
         permitting. Bundles without plans climb the widths with the target-accuracy thresholds.
         """
+        if not any(best.id in c.cascade for c in self.policy.configs):
+            return self._climb(x, budget, best, met)
         with self._lock:
             lat_best = self.policy.predicted_latency_ms(best)
             plans = [(self.policy.predicted_latency_ms(c)
@@ -289,8 +292,6 @@ class EdgeModel:
                      for c in self.policy.configs
                      if best.id in c.cascade and c.cascade[best.id]["threshold"] is not None
                      and self.policy.fits(c, budget)]
-        if not any(best.id in c.cascade for c in self.policy.configs):
-            return self._climb(x, budget, best, met)
         expected, first = min(plans, key=lambda t: t[0], default=(math.inf, None))
         stages = [first, best] if first is not None and expected < lat_best else [best]
         spent = 0.0
@@ -304,8 +305,7 @@ class EdgeModel:
                 break
             if budget.latency_ms is not None and spent + lat_best > budget.latency_ms:
                 break  # no room for the second stage: the first stage's answer stands
-        within = budget.latency_ms is None or spent <= budget.latency_ms
-        return self._answer(c, logits, spent, met and within)
+        return self._settle(answer, budget)
 
     def _climb(self, x: np.ndarray, budget: Budget, best: Configuration,
                met: bool) -> Prediction:
@@ -329,8 +329,14 @@ class EdgeModel:
             if budget.latency_ms is not None and \
                     spent + self.policy.predicted_latency_ms(nxt) > budget.latency_ms:
                 break
-        within = budget.latency_ms is None or spent <= budget.latency_ms
-        return self._answer(c, logits, spent, met and within)
+        return self._settle(answer, budget)
+
+    @staticmethod
+    def _settle(answer: Prediction, budget: Budget) -> Prediction:
+        """The cascade's final answer, flagged when the total time overran the budget."""
+        if budget.latency_ms is None or answer.latency_ms <= budget.latency_ms:
+            return answer
+        return replace(answer, budget_met=False)
 
 
 def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
