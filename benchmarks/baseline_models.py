@@ -1,4 +1,4 @@
-"""Deterministic baselines for ``benchmarks/baselines.py``: the nested_cnn_small graph from stock
+"""Deterministic baselines for ``benchmarks/baselines.py``: a config's model graph from stock
 layers at a fixed width, a US-Nets style slimmable version of it, and their training loops (same
 optimizer, lr schedule, batch size, shuffling and epochs as ``trainer.train``)."""
 from __future__ import annotations
@@ -20,14 +20,37 @@ from trainer.train import _loader, _optimizer, _scheduler
 GROUPS = 8  # the nested model's ordering groups: widths come in steps of 1/8, as ours do
 
 
-def plain_cnn(width: float, num_classes: int, in_channels: int, input_size: int) -> nn.Module:
-    """nested_cnn_small's layer graph at ``width`` from stock Conv2d/Linear/BN/ReLU.
+def plain_net(cfg: Config, width: float, num_classes: int, in_channels: int,
+              input_size: int) -> nn.Module:
+    """The config's model graph at ``width`` from stock Conv2d/Linear/BN/ReLU.
 
-    groups=1 makes ``round_channels`` round to multiples of 4 only, so width_mult=w gives exactly
-    the channel counts of our width-w slice (32w, 64w, 64w, 128w; classifier unchanged)."""
-    nested = create_model("nested_cnn_small", num_classes=num_classes, in_channels=in_channels,
-                          input_size=input_size, width_mult=width, groups=1, frozen=1)
+    groups=1 makes ``round_channels`` round to multiples of 4 only, so width_mult x width gives
+    the channel counts of our width-w slice (whose stem, where it is not nested, stays full)."""
+    nested = create_model(cfg.model.name, num_classes=num_classes, in_channels=in_channels,
+                          input_size=input_size, width_mult=cfg.model.width_mult * width,
+                          groups=1, frozen=1, **cfg.model.kwargs)
     return deterministic_twin(nested)
+
+
+@torch.no_grad()
+def count_macs(model: nn.Module, x: torch.Tensor) -> int:
+    """Multiply-accumulates of one input through every conv / linear layer (forward hooks)."""
+    total = [0]
+
+    def hook(layer, _inp, out):
+        total[0] += out[0].numel() * layer.weight[0].numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Conv2d, nn.Linear))]
+    was = model.training
+    model.eval()
+    try:
+        model(x[:1])
+    finally:
+        model.train(was)
+        for h in handles:
+            h.remove()
+    return total[0]
 
 
 def fp32_bytes(model: nn.Module) -> int:
@@ -78,9 +101,8 @@ class SlimBatchNorm(nn.modules.batchnorm._BatchNorm):
                             self.bias[:k], self.training, factor, self.eps)
 
 
-def slimmable_cnn(num_classes: int, in_channels: int, input_size: int) -> nn.Module:
-    """The full-width plain graph with every conv / linear / BN made switchable by width."""
-    model = plain_cnn(1.0, num_classes, in_channels, input_size)
+def slimmable_net(model: nn.Module) -> nn.Module:
+    """``model`` (a full-width plain graph) with every conv / linear / BN switchable by width."""
 
     def swap(parent: nn.Module) -> None:
         for name, child in parent.named_children():

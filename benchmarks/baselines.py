@@ -1,37 +1,37 @@
-"""Baselines a reviewer would ask for, side by side with ours, on MNIST and Fashion-MNIST.
+"""Baselines a reviewer would ask for, side by side with ours, per dataset.
 
-Same architecture (nested_cnn_small at 28x28 grey; the baselines are its graph from stock
-nn layers), same data (``trainer.data.load_data``: identical splits and normalisation), same
-optimizer, lr schedule, batch size and epochs (the ``fashion_mnist`` config) for every method:
+Each dataset has its own settings (:data:`DATASETS`): the config ours ships for it, the model,
+the OOD set and the epochs. Every method gets that config's data (``trainer.data.load_data``:
+identical splits, normalisation and augmentation), optimizer, lr schedule, batch size and
+epochs; the baselines are the config's model graph built from stock layers:
 
-  det fp32 [+TS]        deterministic network at full width, without / with temperature scaling
+  det fp32 [+TS]        deterministic network at full width (same MACs as our full width)
   slimmable [+TS]       US-Nets: sandwich rule (max + min + 2 random widths per step), in-place
                         distillation, BN statistics re-collected per width after training
   independent [+TS]     a deterministic network trained separately at each width
                         (width 1.0 is the det fp32 network itself)
   ensemble K [+TS]      deep ensemble of K full-width deterministic networks (member 1 = det fp32)
-  ours+PWFN / ours+SQS  nested Bayesian network (``trainer.train.train``), quantized, exported
-                        (``exporters.export.export_bundle``); numbers are the bundle manifest's
-                        ``test["calibrated"]``, measured through the TFLite interpreter; scopes
-                        point, head and all (S posterior samples)
+  ours float            our trained checkpoint before quantization (posterior mean, torch)
+  ours+PWFN / ours+SQS  nested Bayesian network, quantized, exported; every number is measured
+                        on the bundle's .tflite files through the interpreter, at the bundle's
+                        temperature (fitted on validation by the exporter); scopes point, head
+                        and all (S posterior samples)
 
-Temperatures are fitted on the validation split only; every number is on the untouched test
-split; OOD AUROC separates the test split from notMNIST by predictive entropy. Bytes: fp32
-parameters x 4 for baselines, .tflite bytes for ours. Train seconds: wall time of training (ours:
-nested training + the quantizer's fine-tuning; export time is printed separately). Then checks
-the three goals of issue 7 and prints PASS/MISS (never tuned to pass).
+Scored identically for every method: accuracy, NLL, ECE (15 bins), Brier on the untouched test
+split; OOD AUROC per OOD group with predictive entropy and with max-softmax. Temperatures are
+fitted on validation for every method. With ``ood32_dev`` (groups far = colourised letters,
+near = natural crops) each group is split in halves: the default scope of our bundle is chosen on
+the first half, every reported AUROC is on the second. Bytes: fp32 parameters x 4 for baselines,
+.tflite bytes for ours. MACs: counted on each network's forward graph (ours: the manifest's, from
+the written graph). Train seconds: training wall time (ours: nested training + the quantizer's
+fine-tuning; export is printed separately). The goals of issue 17 are printed as PASS/MISS.
 
-Needs ../shared/data/{mnist,fashion_mnist,notmnist_test}.npz. Reduced run (what the README quotes):
+Needs ``--data DIR`` with the npz files (default ``../shared/data``; see its README for where the
+public datasets come from). Full run (what the README quotes)::
 
-    OMP_NUM_THREADS=1 python benchmarks/baselines.py --datasets fashion_mnist,mnist --epochs 3 \
-        --threads 1 --out runs/baselines
+    python benchmarks/baselines.py --datasets cifar10_dev,fashion_mnist --threads 2
 
-Smoke run: add ``--max-train 2000 --max-eval 1000 --epochs 1 --datasets mnist``.
-``--max-train`` subsets the training split for every method (ours via a patched loader);
-``--quantize-epochs`` / ``--quantize-subset`` bound the PWFN (epochs per round) and SQS
-(epochs) fine-tuning, as benchmarks/pwfn.py and benchmarks/sqs.py do; ``--quantize-eval`` caps
-the quantizers' internal progress evaluations (not the reported numbers, which the exporter
-measures on the full splits).
+Smoke run: ``--datasets fashion_mnist --max-train 2000 --max-eval 1000 --epochs 1``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import copy
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_models, train_speed
@@ -55,7 +55,7 @@ from exporters.calibrate import fit_temperature, predictive_probs  # noqa: E402
 import trainer.quantize.pwfn  # noqa: E402,F401  (imported up front: fail fast, not after hours)
 import trainer.quantize.sqs  # noqa: E402,F401
 from edge_sdk.bundle import read_manifest  # noqa: E402
-from exporters.export import ExportOptions, export_bundle  # noqa: E402
+from exporters.export import ExportOptions, export_bundle, slice_logits  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.quantize.run import quantize_model  # noqa: E402
@@ -63,9 +63,28 @@ from trainer.train import train  # noqa: E402
 from trainer.data import load_data, load_ood, subset  # noqa: E402
 from trainer.evaluate import batches  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
 SCOPES = ("point", "head", "all")
+
+
+@dataclass(frozen=True)
+class Setting:
+    config: str  # the built-in config ours ships for this data
+    epochs: int
+    ood: str  # npz file name (without .npz) of the OOD set
+    overrides: tuple[str, ...] = ()
+    # OOD label -> group name; None = one group named after the file
+    ood_groups: dict | None = field(default=None, hash=False)
+
+
+DATASETS = {
+    # width_mult 0.5: full width ~38.5 M MACs, the compute issue 17's reference networks use
+    "cifar10_dev": Setting("cifar10", 15, "ood32_dev", ("model.width_mult=0.5",),
+                           {0: "far", 1: "near"}),
+    "fashion_mnist": Setting("fashion_mnist", 10, "notmnist_test"),
+    "mnist": Setting("fashion_mnist", 10, "notmnist_test", ("name=mnist",)),
+}
 
 
 def log(*a) -> None:
@@ -73,22 +92,31 @@ def log(*a) -> None:
 
 
 # ------------------------------------------------------------------------------ metrics
-def quality(logits: np.ndarray, labels: np.ndarray, ood_logits: np.ndarray, T: float) -> dict:
-    """accuracy, NLL, ECE (15 bins), OOD AUROC (predictive entropy) of [S, N, C] logits at T."""
-    probs = predictive_probs(logits, T)
-    ood = predictive_probs(ood_logits, T)
-    return {"accuracy": M.accuracy(probs, labels), "nll": M.nll(probs, labels),
-            "ece": M.ece(probs, labels),
-            "ood_auroc": M.ood_auroc(M.predictive_entropy(probs), M.predictive_entropy(ood)),
-            "temperature": T}
+def quality(logits: dict, labels: np.ndarray, T: float) -> dict:
+    """Every number of one method at one width from its [S, N, C] logits at temperature T:
+    test accuracy, NLL, ECE, Brier; per OOD group (reported half) AUROC by predictive entropy
+    and by max-softmax (in-distribution = negative class)."""
+    probs = predictive_probs(logits["test"], T)
+    row = {"accuracy": M.accuracy(probs, labels), "nll": M.nll(probs, labels),
+           "ece": M.ece(probs, labels), "brier": M.brier(probs, labels), "temperature": T}
+    for key, lg in logits.items():
+        kind, _, group = key.partition(":")
+        if kind not in ("ood", "select"):
+            continue
+        pre = "" if kind == "ood" else "select_"  # select_*: only for choosing the default scope
+        ood = predictive_probs(lg, T)
+        row[f"{pre}auroc_{group}"] = M.ood_auroc(M.predictive_entropy(probs),
+                                                 M.predictive_entropy(ood))
+        row[f"{pre}auroc_msp_{group}"] = M.ood_auroc(-probs.max(-1), -ood.max(-1))
+    return row
 
 
 def baseline_rows(method: str, width: float, logits: dict, labels: dict, nbytes: int,
-                  seconds: float) -> list[dict]:
+                  macs: int, seconds: float) -> list[dict]:
     """Two rows, without and with temperature scaling (T fitted on validation NLL)."""
     T = fit_temperature(logits["val"], labels["val"])
-    return [dict(method=m, width=width, bytes=nbytes, train_seconds=seconds,
-                 **quality(logits["test"], labels["test"], logits["ood"], t))
+    return [dict(method=m, width=width, bytes=nbytes, macs=macs, train_seconds=seconds,
+                 **quality(logits, labels["test"], t))
             for m, t in ((method, 1.0), (method + " +TS", T))]
 
 
@@ -125,11 +153,36 @@ def _subset(ds, n: int | None):
     return subset(ds, idx, augment=ds.augment)
 
 
-def run_ours(cfg, data, args, work: Path, ood_source: str) -> tuple[list[dict], dict]:
+def _nhwc(ds) -> np.ndarray:
+    return ds.x.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def bundle_rows(bundle: Path, method: str, eval_sets: dict, labels: np.ndarray,
+                seconds: float) -> list[dict]:
+    """Rows of every configuration of a bundle, scored by :func:`quality` on the interpreter's
+    logits at the bundle's own temperature (the exporter fitted it on validation)."""
+    rows = []
+    manifest = read_manifest(bundle)
+    for c in manifest.configurations:
+        files = [(bundle / f.name).read_bytes() for f in c.files]
+        logits = {k: slice_logits(files, c.scope, xs) for k, xs in eval_sets.items()}
+        name = f"{method} {c.scope}" + ("" if c.scope == "point" else str(c.samples))
+        rows.append(dict(method=name, width=c.width, bytes=sum(f.bytes for f in c.files),
+                         macs=c.macs, train_seconds=seconds, unique=c.unique_values,
+                         **quality(logits, labels, c.temperature)))
+    return rows
+
+
+def run_ours(cfg, data, args, work: Path, eval_sets: dict, labels: np.ndarray,
+             float_rows: list) -> tuple[list[dict], dict]:
     quiet = lambda *a: None  # noqa: E731
     with train_subset(args.max_train):
         res = train(cfg, work / "trained", progress=False, log=quiet)
     log(f"  ours: nested Bayesian training {res.seconds:.0f} s")
+    for w, r in res.test.items():
+        float_rows.append(dict(method="ours float (mean, torch)", width=w, train_seconds=res.seconds,
+                               accuracy=r["accuracy"], nll=r["nll"], ece=r["ece"],
+                               brier=r["brier"]))
     state = ckpt_io.load_checkpoint(res.checkpoint)
     # The quantizers' own before/after evaluations are progress logs only (the table's numbers
     # come from the exported bundle, on the full splits), so they run on capped val/test sets.
@@ -137,7 +190,7 @@ def run_ours(cfg, data, args, work: Path, ood_source: str) -> tuple[list[dict], 
     qdata = replace(data, train=_subset(data.train, args.quantize_subset), val=first(data.val),
                     test=first(data.test))
     rows, timing = [], {"train": res.seconds}
-    for method in ("pwfn", "sqs"):
+    for method in args.quantizers.split(","):
         qcfg = copy.deepcopy(cfg)
         qcfg.quantize.method = method
         qcfg.quantize.pwfn.epochs_per_round = args.quantize_epochs
@@ -151,142 +204,231 @@ def run_ours(cfg, data, args, work: Path, ood_source: str) -> tuple[list[dict], 
         t0 = time.perf_counter()
         bundle = work / f"bundle-{method}"
         export_bundle(path, bundle, ExportOptions(widths=WIDTHS, samples=args.samples,
-                                                  scopes=SCOPES, ood_data=ood_source,
-                                                  max_eval=args.max_eval, measure=False,
-                                                  force=True), progress=False, log=quiet)
+                                                  scopes=SCOPES, max_eval=args.max_eval,
+                                                  measure=False, force=True),
+                      progress=False, log=quiet)
         timing[f"export_{method}"] = time.perf_counter() - t0
-        log(f"  ours+{method.upper()}: quantize {timing[method]:.0f} s, export + TFLite "
-            f"evaluation {timing[f'export_{method}']:.0f} s")
-        for c in read_manifest(bundle).configurations:
-            cal = c.test["calibrated"]
-            name = f"ours+{method.upper()} {c.scope}" + ("" if c.scope == "point" else str(c.samples))
-            rows.append(dict(method=name, width=c.width, bytes=sum(f.bytes for f in c.files),
-                             train_seconds=res.seconds + timing[method], temperature=c.temperature,
-                             **{k: cal.get(k) for k in ("accuracy", "nll", "ece", "ood_auroc")}))
+        log(f"  ours+{method.upper()}: quantize {timing[method]:.0f} s, export "
+            f"{timing[f'export_{method}']:.0f} s")
+        rows += bundle_rows(bundle, f"ours+{method.upper()}", eval_sets, labels,
+                            res.seconds + timing[method])
     return rows, timing
 
 
 # ------------------------------------------------------------------------------ one dataset
+def ood_sets(setting: Setting, spec, data_dir: Path, cap) -> tuple[dict, dict]:
+    """{group: dataset} for selection (first half of each group) and for reporting (second)."""
+    ood = load_ood(f"npz:{data_dir / (setting.ood + '.npz')}", spec)
+    y = ood.y.numpy()
+    groups = setting.ood_groups or {None: setting.ood}
+    select, report = {}, {}
+    for label, name in groups.items():
+        idx = np.arange(len(y)) if label is None else np.flatnonzero(y == label)
+        if setting.ood_groups is None:  # one group without a selection role: report it all
+            report[name] = cap(subset(ood, idx))
+            continue
+        half = len(idx) // 2
+        select[name], report[name] = subset(ood, idx[:half]), cap(subset(ood, idx[half:]))
+    return select, report
+
+
 def run_dataset(name: str, args) -> dict:
-    source = f"npz:{DATA / (name + '.npz')}"
-    ood_source = f"npz:{DATA / 'notmnist_test.npz'}"
-    cfg = load_config("fashion_mnist", [f"name={name}", f"data.source={source}",
-                                        f"train.epochs={args.epochs}",
-                                        f"train.threads={args.threads}",
-                                        "train.eval_every=1000000"])  # evaluate at the end only
+    setting = DATASETS[name]
+    data_dir = Path(args.data)
+    source = f"npz:{data_dir / (name + '.npz')}"
+    epochs = args.epochs or setting.epochs
+    cfg = load_config(setting.config, [f"name={name}", f"data.source={source}",
+                                       f"train.epochs={epochs}", f"train.threads={args.threads}",
+                                       "train.eval_every=1000000", *setting.overrides,
+                                       *args.set])
     data = load_data(cfg.data)
     train_ds = _subset(data.train, args.max_train)
     cap = lambda ds: ds if not args.max_eval else subset(ds, np.arange(min(args.max_eval, len(ds))))  # noqa: E731
-    ood = load_ood(ood_source, data.spec)
-    sets = {"val": batches(cap(data.val)), "test": batches(cap(data.test)), "ood": batches(cap(ood))}
-    labels = {k: np.concatenate([y.numpy() for _, y in b]) for k, b in sets.items() if k != "ood"}
+    select, report = ood_sets(setting, data.spec, data_dir, cap)
+    sets = {"val": batches(cap(data.val)), "test": batches(cap(data.test)),
+            **{f"ood:{g}": batches(ds) for g, ds in report.items()},
+            **{f"select:{g}": batches(ds) for g, ds in select.items()}}
+    labels = {k: np.concatenate([y.numpy() for _, y in b]) for k, b in sets.items()
+              if k in ("val", "test")}
     calib = batches(train_ds, min(cfg.data.calib_samples, len(train_ds)), cfg.seed, batch=256)
     _, h, _, c = data.spec.shape
     arch = dict(num_classes=data.num_classes, in_channels=c, input_size=h)
-    E, seed = args.epochs, cfg.seed
-    log(f"\n== {name}: {len(train_ds)} train / {len(labels['val'])} val / {len(labels['test'])} "
-        f"test / {len(np.concatenate([y.numpy() for _, y in sets['ood']]))} OOD (notMNIST)")
-    rows = []
+    build = lambda w: BM.plain_net(cfg, w, **arch)  # noqa: E731
+    E, seed = epochs, cfg.seed
+    log(f"\n== {name}: {len(train_ds)} train / {len(labels['val'])} val / "
+        f"{len(labels['test'])} test; OOD {setting.ood} groups "
+        + ", ".join(f"{g}: {len(ds)} reported" for g, ds in report.items())
+        + f"; {cfg.model.name} width_mult {cfg.model.width_mult}, {E} epochs")
+    rows, x0 = [], next(iter(sets["test"]))[0]
 
     torch.manual_seed(seed)
-    det = BM.plain_cnn(1.0, **arch)
+    det = build(1.0)
     det_s = BM.train_plain(det, cfg, train_ds, seed, E)
     det_logits = evaluate([det], sets)
-    rows += baseline_rows("det fp32", 1.0, det_logits, labels, BM.fp32_bytes(det), det_s)
+    rows += baseline_rows("det fp32", 1.0, det_logits, labels, BM.fp32_bytes(det),
+                          BM.count_macs(det, x0), det_s)
     log(f"  det fp32: {det_s:.0f} s")
 
     torch.manual_seed(seed)
-    slim = BM.slimmable_cnn(**arch)
+    slim = BM.slimmable_net(build(1.0))
     slim_s = BM.train_slimmable(slim, cfg, train_ds, seed, E)
     for w in WIDTHS:
-        lg = evaluate([BM.slim_at(slim, w, calib)], sets)
-        rows += baseline_rows("slimmable", w, lg, labels,
-                              BM.fp32_bytes(BM.plain_cnn(w, **arch)), slim_s)
+        m = BM.slim_at(slim, w, calib)
+        rows += baseline_rows("slimmable", w, evaluate([m], sets), labels,
+                              BM.fp32_bytes(build(w)), BM.count_macs(build(w), x0), slim_s)
     log(f"  slimmable (US-Nets): {slim_s:.0f} s")
 
-    for w in WIDTHS:
-        if w == 1.0:
-            m, s, lg = det, det_s, det_logits
-        else:
-            torch.manual_seed(seed)
-            m = BM.plain_cnn(w, **arch)
-            s = BM.train_plain(m, cfg, train_ds, seed, E)
-            lg = evaluate([m], sets)
-        rows += baseline_rows("independent", w, lg, labels, BM.fp32_bytes(m), s)
-    log("  independent widths done")
+    if not args.no_independent:
+        for w in WIDTHS:
+            if w == 1.0:
+                m, s, lg = det, det_s, det_logits
+            else:
+                torch.manual_seed(seed)
+                m = build(w)
+                s = BM.train_plain(m, cfg, train_ds, seed, E)
+                lg = evaluate([m], sets)
+            rows += baseline_rows("independent", w, lg, labels, BM.fp32_bytes(m),
+                                  BM.count_macs(m, x0), s)
+        log("  independent widths done")
 
     if args.ensemble > 1:
         members, ens_s = [det], det_s
         for k in range(1, args.ensemble):
             torch.manual_seed(seed + k)
-            m = BM.plain_cnn(1.0, **arch)
+            m = build(1.0)
             ens_s += BM.train_plain(m, cfg, train_ds, seed + k, E)
             members.append(m)
         rows += baseline_rows(f"ensemble x{args.ensemble}", 1.0, evaluate(members, sets), labels,
-                              args.ensemble * BM.fp32_bytes(det), ens_s)
+                              args.ensemble * BM.fp32_bytes(det),
+                              args.ensemble * BM.count_macs(det, x0), ens_s)
         log(f"  ensemble x{args.ensemble}: {ens_s:.0f} s")
 
-    ours, timing = run_ours(cfg, data, args, Path(args.out) / name, ood_source)
-    rows += ours
-    return {"dataset": name, "rows": rows, "timing": timing, "goals": goals(rows)}
+    eval_sets = {"val": _nhwc(cap(data.val)), "test": _nhwc(cap(data.test)),
+                 **{f"ood:{g}": _nhwc(ds) for g, ds in report.items()},
+                 **{f"select:{g}": _nhwc(ds) for g, ds in select.items()}}
+    float_rows: list = []
+    ours, timing = run_ours(cfg, data, args, Path(args.out) / name, eval_sets, labels["test"],
+                            float_rows)
+    rows += float_rows + ours
+    return {"dataset": name, "rows": rows, "timing": timing, "goals": goals(rows, select)}
 
 
 # ------------------------------------------------------------------------------ goals, table
 def _get(rows, method, width):
-    return next(r for r in rows if r["method"] == method and abs(r["width"] - width) < 1e-6)
+    return next((r for r in rows if r["method"] == method and abs(r["width"] - width) < 1e-6),
+                None)
 
 
-def goals(rows: list[dict]) -> list[str]:
-    det = _get(rows, "det fp32 +TS", 1.0)["accuracy"]
-    ours = sorted({r["method"] for r in rows if r["method"].startswith("ours")})
+def _mean_auroc(row: dict, prefix: str) -> float:
+    vals = [v for k, v in row.items() if k.startswith(prefix) and "_msp_" not in k]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def default_scope(rows: list[dict], method: str, select: dict) -> str:
+    """The scope our bundle should run by default: a sampled scope only if, on the *selection*
+    halves of the OOD groups, its entropy AUROC averaged over widths beats the point slice's by
+    >= 2 pt; otherwise point (+ temperature). Without selection halves: point."""
+    if not select:
+        return f"{method} point"
+    best, best_gain = f"{method} point", 0.02
+    point = [_get(rows, f"{method} point", w) for w in WIDTHS]
+    for name in sorted({r["method"] for r in rows if r["method"].startswith(method + " ")}):
+        if name.endswith(" point"):
+            continue
+        gain = np.mean([_mean_auroc(_get(rows, name, w), "select_auroc_")
+                        - _mean_auroc(p, "select_auroc_") for w, p in zip(WIDTHS, point)])
+        if gain >= best_gain:
+            best, best_gain = name, gain
+    return best
+
+
+def goals(rows: list[dict], select: dict) -> list[str]:
+    det = _get(rows, "det fp32 +TS", 1.0)
+    slim = "slimmable +TS"
+    ours = sorted({r["method"].split(" ")[0] for r in rows if r["method"].startswith("ours+")})
     out = []
-    for m in ours:
-        acc = _get(rows, m, 1.0)["accuracy"]
-        ok = acc >= det - 0.005
-        out.append(f"G1 full-width acc >= det fp32 - 0.5 pt | {m:<18} {acc:.4f} vs "
-                   f"{det:.4f} - 0.005  {'PASS' if ok else 'MISS'}")
 
-    def per_width(label: str, metric: str, holds) -> None:
-        for base in ("slimmable +TS", "slimmable"):
-            for m in ours:
-                cells, ok = [], True
-                for w in WIDTHS:
-                    a, b = _get(rows, m, w)[metric], _get(rows, base, w)[metric]
-                    ok &= holds(a, b)
-                    cells.append(f"{w:g}: {a:.4f}/{b:.4f}")
-                out.append(f"{label.format(base=f'{base:<13}')} | {m:<18} "
-                           f"{'  '.join(cells)}  {'PASS' if ok else 'MISS'}")
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "MISS"
 
-    per_width("G2 ECE <= 0.5 x {base} every width", "ece", lambda a, b: a <= 0.5 * b)
-    per_width("G3 OOD AUROC >= {base} + 5 pt every width", "ood_auroc",
-              lambda a, b: a >= b + 0.05)
+    for method in ours:
+        chosen = default_scope(rows, method, select)
+        out.append(f"{method}: default configuration {chosen!r} (chosen on the OOD selection "
+                   f"halves; every figure below is on the reported halves)")
+        for w in WIDTHS:
+            r, s = _get(rows, chosen, w), _get(rows, slim, w)
+            if r is None or s is None:
+                continue
+            g1 = r["accuracy"] >= s["accuracy"] - 1e-12
+            line = (f"  w{w:g}: G1 acc {r['accuracy']:.4f} vs US-Nets {s['accuracy']:.4f} "
+                    f"{verdict(g1)}")
+            if w == 1.0:
+                line += (f"; vs det - 0.5 pt {det['accuracy'] - 0.005:.4f} "
+                         f"{verdict(r['accuracy'] >= det['accuracy'] - 0.005)}")
+            line += (f" | G2 NLL {r['nll']:.4f} vs {s['nll']:.4f} "
+                     f"{verdict(r['nll'] <= s['nll'])}")
+            a, b = _mean_auroc(r, "auroc_"), _mean_auroc(s, "auroc_")
+            line += f" | G3 AUROC(entropy, mean of groups) {a:.4f} vs {b:.4f} + 0.03 {verdict(a >= b + 0.03)}"
+            p = _get(rows, f"{method} point", w)
+            best = max((x for x in rows if x["method"].startswith(method + " ")
+                        and not x["method"].endswith("point") and abs(x["width"] - w) < 1e-6),
+                       key=lambda x: _mean_auroc(x, "auroc_"), default=None)
+            if best is not None:
+                gain = _mean_auroc(best, "auroc_") - _mean_auroc(p, "auroc_")
+                line += (f" | sampled ({best['method'].split(' ', 1)[1]}) - point "
+                         f"{100 * gain:+.1f} pt {verdict(gain >= 0.02)}")
+            out.append(line)
+        r = _get(rows, chosen, 1.0)
+        s = _get(rows, slim, 1.0)
+        if r and s:
+            out.append(f"  G4 wall time to the bundle {r['train_seconds']:.0f} s vs US-Nets "
+                       f"{s['train_seconds']:.0f} s {verdict(r['train_seconds'] <= s['train_seconds'])}"
+                       f"; stretch <= 2 x det {2 * det['train_seconds']:.0f} s "
+                       f"{verdict(r['train_seconds'] <= 2 * det['train_seconds'])}")
     return out
 
 
-COLS = [("method", "{:<22}"), ("width", "{:>6.2f}"), ("accuracy", "{:>9.4f}"), ("ece", "{:>8.4f}"),
-        ("nll", "{:>8.4f}"), ("ood_auroc", "{:>10.4f}"), ("bytes", "{:>9d}"),
-        ("train_seconds", "{:>9.0f}")]
-HEAD = ["method", "width", "accuracy", "ECE", "NLL", "OOD AUROC", "bytes", "train s"]
-
-
 def table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    groups = sorted({k[len("auroc_"):] for r in rows for k in r
+                     if k.startswith("auroc_") and not k.startswith("auroc_msp_")})
+    head = (["method", "width", "accuracy", "NLL", "ECE", "Brier"]
+            + [f"AUROC {g} (ent / msp)" for g in groups] + ["T", "MACs", "bytes", "unique",
+                                                             "train s"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
     for r in rows:
-        lines.append("| " + " | ".join(f.format(r[k]).strip() if r.get(k) is not None else "-"
-                                        for k, f in COLS) + " |")
+        cells = [r["method"], f"{r['width']:.2f}", f(r.get("accuracy"), ".4f"),
+                 f(r.get("nll"), ".4f"), f(r.get("ece"), ".4f"), f(r.get("brier"), ".4f")]
+        for g in groups:
+            e, m = r.get(f"auroc_{g}"), r.get(f"auroc_msp_{g}")
+            cells.append("-" if e is None else f"{e:.3f} / {m:.3f}")
+        cells += [f(r.get("temperature"), ".2f"), f(r.get("macs"), ","),
+                  f(r.get("bytes"), ","), f(r.get("unique"), "d"),
+                  f(r.get("train_seconds"), ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--datasets", default="mnist,fashion_mnist")
-    p.add_argument("--epochs", type=int, default=10, help="training epochs for every method")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--datasets", default="cifar10_dev,fashion_mnist",
+                   help=f"comma-separated, from {sorted(DATASETS)}")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="directory of the npz files")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="override every dataset's epochs (default: per dataset)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], help="config override for ours and "
+                   "the baselines' shared recipe (e.g. train.batch_size=256); repeatable")
     p.add_argument("--out", default="runs/baselines", help="results.json/.md, checkpoints, bundles")
     p.add_argument("--max-train", type=int, default=None, help="subset of the training split")
     p.add_argument("--max-eval", type=int, default=None,
                    help="cap on val / test / OOD samples (smoke runs; same cap for every method)")
     p.add_argument("--ensemble", type=int, default=3, help="deep ensemble members (<2: none)")
+    p.add_argument("--no-independent", action="store_true", help="skip independent widths")
+    p.add_argument("--quantizers", default="pwfn,sqs")
     p.add_argument("--samples", type=int, default=8, help="posterior samples (head / all scopes)")
     p.add_argument("--quantize-epochs", type=int, default=1,
                    help="PWFN retraining epochs per round and SQS fine-tuning epochs")
@@ -297,11 +439,15 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     names = [d for d in args.datasets.split(",") if d]
-    for n in names + ["notmnist_test"]:
-        if not (DATA / f"{n}.npz").is_file():
-            sys.exit(f"{DATA / (n + '.npz')} is missing: this benchmark needs ../shared/data")
-    run = (f"run: datasets {','.join(names)}; epochs {args.epochs} (every method, fashion_mnist "
-           f"config otherwise); train subset {args.max_train or 'full'}; eval cap "
+    unknown = [n for n in names if n not in DATASETS]
+    if unknown:
+        sys.exit(f"unknown datasets {unknown}; known: {sorted(DATASETS)}")
+    for n in names + [DATASETS[n].ood for n in names]:
+        if not (Path(args.data) / f"{n}.npz").is_file():
+            sys.exit(f"{Path(args.data) / (n + '.npz')} is missing: pass --data DIR holding it")
+    run = (f"run: datasets {','.join(names)}; epochs "
+           + ", ".join(f"{n} {args.epochs or DATASETS[n].epochs}" for n in names)
+           + f"; overrides {args.set or 'none'}; train subset {args.max_train or 'full'}; eval cap "
            f"{args.max_eval or 'none'}; ensemble {args.ensemble}; posterior samples {args.samples}; "
            f"PWFN {args.quantize_epochs} epoch(s)/round + SQS {max(args.quantize_epochs, 1)} "
            f"epoch(s) on {args.quantize_subset or 'all'} samples; threads {args.threads}; "
@@ -317,7 +463,7 @@ def main() -> None:
         res["wall_seconds"] = time.perf_counter() - t0
         results["datasets"].append(res)
         text = table(res["rows"])
-        log(f"\n### {name} (test split; OOD = notMNIST; wall {res['wall_seconds']:.0f} s)\n{text}\n")
+        log(f"\n### {name} (test split; wall {res['wall_seconds']:.0f} s)\n{text}\n")
         log("\n".join(res["goals"]))
         md += ["", f"### {name}", "", text, "", "```", *res["goals"], "```"]
         (out / "results.json").write_text(json.dumps(results, indent=1))

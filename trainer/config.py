@@ -141,6 +141,11 @@ class OrderingConfig:
     regularizer: str = _opt("kl", choices=("kl", "l0"))
     # weight of the l0 penalty (unused with kl)
     l0_lambda: float = _opt(1e-3, min=0.0)
+    # one training mask per forward pass ("batch", the authors' code) or per example
+    mask_scope: str = _opt("example", choices=("batch", "example"))
+    # layer = every unit draws its width independently (BN³); network = the units share their
+    # Gumbel noise, so one pass runs a coherent narrow or wide network (marginals unchanged)
+    coupling: str = _opt("layer", choices=("layer", "network"))
 
     def _cross_check(self, path: str) -> None:
         if self.tau_end > self.tau_start:
@@ -161,6 +166,10 @@ class BayesConfig:
     # KL weight (BN3 App. 9.1); 1.0 is the true ELBO, which over-regularises small data sets
     # (digits: 0.79 vs 0.97 test accuracy at width 0.25); the paper used 1e-5
     kappa: float = _opt(0.01, min=0.0)
+    # fraction of the epochs trained deterministically (posterior means, no weight KL) before
+    # the variational phase; sigma is re-initialised from the means when it starts. 0 = noise
+    # from the first step (BN³), 1 = a deterministic nested network (sigma set at the end)
+    noise_start: float = _opt(0.0, min=0.0, max=1.0)
 
 
 @dataclass
@@ -196,6 +205,15 @@ class TrainConfig:
     num_workers: int = _opt(0, min=0)
     # null = no gradient clipping
     grad_clip: float | None = _opt(None, min=0.0, min_exclusive=True)
+    # sandwich rule (US-Nets): every step also trains the full and the smallest width, besides
+    # the Downhill sample, so both ends of the width range are trained, not traded
+    sandwich: bool = False
+    # in-place distillation: with sandwich, the sampled and smallest widths learn the full
+    # width's (detached) soft predictions instead of the labels
+    distill: bool = True
+    # weight decay on every parameter ("all") or only on the weight means ("weights": not on
+    # weight_rho, ordering logits, biases or batch norm)
+    decay_scope: str = _opt("all", choices=("all", "weights"))
 
 
 @dataclass

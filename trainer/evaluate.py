@@ -30,7 +30,7 @@ def batches(ds, n: int | None = None, seed: int = 0, batch: int = 512) -> list:
 
 @torch.no_grad()
 def recollect_bn(model: NestedModel, batches: Iterable, width: float | None = None,
-                 weight_mode: str = "mean") -> None:
+                 weight_mode: str = "mean", scaled: bool = True) -> None:
     """Replace every BN's running statistics by the cumulative average over ``batches`` run at
     ``width`` with ``weight_mode`` weights (the weights the exported network will run)."""
     bns = [m for m in model.modules() if isinstance(m, _BN)]
@@ -42,7 +42,7 @@ def recollect_bn(model: NestedModel, batches: Iterable, width: float | None = No
         bn.momentum = None  # cumulative moving average over all batches
         bn.train()
     try:
-        with model.width(width), model.weight_mode(weight_mode):
+        with model.width(width, scaled), model.weight_mode(weight_mode):
             for x, *_ in batches:
                 model(x)
     finally:
@@ -53,13 +53,13 @@ def recollect_bn(model: NestedModel, batches: Iterable, width: float | None = No
 
 @torch.no_grad()
 def predict_probs(model: NestedModel, batches: Iterable, width: float | None = None,
-                  samples: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                  samples: int = 0, scaled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Return (probs [S, N, C], labels [N]) in eval mode. ``samples=0`` is the point network
     (posterior means, S = 1); ``samples=S`` draws S whole posterior networks per batch."""
     model.eval()
     probs, labels = [], []
     mode, draws = ("mean", 1) if samples == 0 else ("sample_weights", samples)
-    with model.width(width), model.weight_mode(mode):
+    with model.width(width, scaled), model.weight_mode(mode):
         for x, y in batches:
             probs.append(torch.stack([torch.softmax(model(x), -1) for _ in range(draws)]))
             labels.append(y)
@@ -67,14 +67,15 @@ def predict_probs(model: NestedModel, batches: Iterable, width: float | None = N
 
 
 def evaluate_widths(model: NestedModel, calib_batches: Sequence, eval_batches: Sequence,
-                    widths: Sequence[float], samples: int = 0) -> dict[float, dict[str, float]]:
+                    widths: Sequence[float], samples: int = 0,
+                    scaled: bool = True) -> dict[float, dict[str, float]]:
     """Metrics per width (accuracy, NLL, Brier, ECE, and MI when sampling) on a *copy* of the
     model, so the training model's BN statistics are left alone."""
     work = copy.deepcopy(model)
     results = {}
     for w in widths:
-        recollect_bn(work, calib_batches, w)
-        probs_s, labels = predict_probs(work, eval_batches, w, samples)
+        recollect_bn(work, calib_batches, w, scaled=scaled)
+        probs_s, labels = predict_probs(work, eval_batches, w, samples, scaled)
         mean = probs_s.mean(0)
         row = metrics.summarize(mean, labels)
         if samples:

@@ -122,11 +122,15 @@ class BayesNestedLayer(nn.Module):
 
     def reset_parameters(self, log_alpha_init: float) -> None:
         nn.init.kaiming_normal_(self.weight_mu, nonlinearity="relu")
-        # sigma = |mu| sqrt(alpha_init) (BN³ App. 9.1 initialises log alpha), floored so a weight
-        # that starts near zero still has some spread.
-        sigma = (self.weight_mu.detach().abs() * math.exp(0.5 * log_alpha_init)).clamp_min(1e-5)
-        with torch.no_grad():
-            self.weight_rho.copy_(_inverse_softplus(sigma))
+        self.reset_sigma(log_alpha_init)
+
+    @torch.no_grad()
+    def reset_sigma(self, log_alpha: float) -> None:
+        """sigma = |mu| sqrt(alpha) (BN³ App. 9.1 initialises log alpha), floored so a weight
+        near zero still has some spread. Called again when the variational phase starts after a
+        deterministic warm-up (``bayes.noise_start``): the means have moved since initialisation."""
+        sigma = (self.weight_mu.detach().abs() * math.exp(0.5 * log_alpha)).clamp_min(1e-5)
+        self.weight_rho.copy_(_inverse_softplus(sigma))
 
     def follows(self, ordering: DownhillOrdering | None, spatial: int = 1) -> "BayesNestedLayer":
         """Declare that this layer's input channels are ordered by ``ordering``."""

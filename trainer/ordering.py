@@ -40,6 +40,36 @@ def _log_chain(logit: torch.Tensor) -> torch.Tensor:
     return kept + stop
 
 
+def gumbel_noise(shape: tuple[int, ...], device=None) -> torch.Tensor:
+    """Standard Gumbel(0, 1) draws, -log(-log u), u clamped away from 0 and 1."""
+    u = torch.rand(shape, device=device).clamp_(1e-10, 1 - 1e-10)
+    return -torch.log(-torch.log(u))
+
+
+def coupled_gumbel(units: list["DownhillOrdering"], batch: int) -> None:
+    """Give every unit the same Gumbel noise for the next forward pass (``coupling: network``).
+
+    Each unit keeps its own Downhill posterior (its marginal over widths is unchanged: the noise
+    is still standard Gumbel), but the arg-max tails of units with similar posteriors now agree,
+    so a pass runs a *coherent* narrow or wide network instead of independent per-layer widths
+    (US-Nets trains one width for the whole network). Units with a different number of tails
+    share a draw per tail count. ``None`` for ``units`` entries' ``gumbel`` restores
+    independent noise (see :func:`clear_coupling`).
+    """
+    by_tails: dict[int, torch.Tensor] = {}
+    for u in units:
+        t = u.groups - u.frozen + 1
+        n = batch if u.scope == "example" else 1
+        if t not in by_tails:
+            by_tails[t] = gumbel_noise((n, t), u.mubar.device)
+        u.gumbel = by_tails[t]
+
+
+def clear_coupling(units: list["DownhillOrdering"]) -> None:
+    for u in units:
+        u.gumbel = None
+
+
 def exclusive_cumsum(c: torch.Tensor) -> torch.Tensor:
     """``out_j = sum_{k<j} c_k`` along the last axis (Property 1's cumsum')."""
     return torch.cumsum(c, -1) - c
@@ -56,9 +86,12 @@ class DownhillOrdering(nn.Module):
         init_mubar: initial logit of the learnable mu (the paper initialises all to 3, so
             mu ~ 0.95 and training starts close to the full network).
 
-    State used by the layers (not parameters): ``tau`` and ``hard`` for training samples, and
-    ``fixed_groups`` which, when set, replaces sampling by the fixed width's mask scaled by the
-    keep probability (BN³ App. 8.2), in train mode (BN re-collection) and eval mode alike.
+    State used by the layers (not parameters): ``tau`` and ``hard`` for training samples,
+    ``scope`` (one mask per ``"batch"`` or per ``"example"``), ``gumbel`` (noise shared with the
+    other units of the network for one forward pass, see :func:`coupled_gumbel`), and
+    ``fixed_groups`` which, when set, replaces sampling by the fixed width's mask, scaled by the
+    keep probability (BN³ App. 8.2) when ``fixed_scaled``, in train mode (BN re-collection, the
+    sandwich rule's passes) and eval mode alike.
     """
 
     def __init__(self, groups: int, frozen: int = 1, prior_pi: float | list[float] = 0.9,
@@ -85,7 +118,10 @@ class DownhillOrdering(nn.Module):
         self.register_buffer("prior_logit", torch.log(pi) - torch.log1p(-pi))
         self.tau = 1.0
         self.hard = True
+        self.scope = "example"
+        self.gumbel: torch.Tensor | None = None
         self.fixed_groups: int | None = None
+        self.fixed_scaled = True
 
     # ---- distributions -------------------------------------------------------------------
     def log_beta(self) -> torch.Tensor:
@@ -118,17 +154,19 @@ class DownhillOrdering(nn.Module):
 
     # ---- masks ---------------------------------------------------------------------------
     def sample(self, tau: float | None = None, hard: bool = False,
-               shape: tuple[int, ...] = ()) -> torch.Tensor:
+               shape: tuple[int, ...] = (), gumbel: torch.Tensor | None = None) -> torch.Tensor:
         """Draw Downhill masks z of shape ``shape + (G,)`` (Property 1).
 
         c ~ GumbelSoftmax(log beta, tau) over the tails, z = 1 - cumsum'(c). ``hard`` uses the
         straight-through estimator: the forward value is the exactly ordered 0/1 mask of the
-        arg-max tail, the gradient is the relaxed one.
+        arg-max tail, the gradient is the relaxed one. ``gumbel`` supplies the Gumbel(0, 1)
+        noise (shape ``shape + (G - F + 1,)``) instead of drawing it, so several units can share it.
         """
         tau = self.tau if tau is None else tau
         log_beta = self.log_beta()
-        u = torch.rand(shape + log_beta.shape, device=log_beta.device).clamp_(1e-10, 1 - 1e-10)
-        c = torch.softmax((log_beta - torch.log(-torch.log(u))) / tau, dim=-1)
+        if gumbel is None:
+            gumbel = gumbel_noise(shape + log_beta.shape, log_beta.device)
+        c = torch.softmax((log_beta + gumbel) / tau, dim=-1)
         if hard:
             one_hot = F.one_hot(c.argmax(-1), c.shape[-1]).to(c.dtype)
             c = one_hot - c.detach() + c
@@ -163,20 +201,29 @@ class DownhillOrdering(nn.Module):
             keep = self.keep_probability()
             m = torch.zeros_like(keep)
             m[: self.fixed_groups] = 1.0
-            return (m * keep).unsqueeze(0)
+            return (m * keep if self.fixed_scaled else m.detach()).unsqueeze(0)
         if self.training:
-            # One mask per example: lower-variance gradients than one per batch, same cost.
-            return self.sample(hard=self.hard, shape=(batch,))
+            # "batch": one mask per forward pass, as the authors' code does. Measured on
+            # cifar10_dev (issue 17's ablation table): per example, a batch mixes widths inside
+            # every batch norm and an example almost never sees the full network; it trained
+            # ~4 pt worse at every width.
+            shape = (batch,) if self.scope == "example" else (1,)
+            gumbel = self.gumbel
+            if gumbel is not None and gumbel.shape[0] != shape[0]:
+                gumbel = gumbel[:1].expand(shape + gumbel.shape[1:])
+            return self.sample(hard=self.hard, shape=shape, gumbel=gumbel)
         return self.keep_probability().unsqueeze(0)  # full width, rescaled (App. 8.2)
 
     @contextmanager
-    def fixed(self, width: float | None) -> Iterator[None]:
-        previous = self.fixed_groups
+    def fixed(self, width: float | None, scaled: bool = True) -> Iterator[None]:
+        """Run at ``width`` (0/1 mask of its groups; times the keep probability if ``scaled``)."""
+        previous = self.fixed_groups, self.fixed_scaled
         self.fixed_groups = None if width is None else self.groups_for_width(width)
+        self.fixed_scaled = scaled
         try:
             yield
         finally:
-            self.fixed_groups = previous
+            self.fixed_groups, self.fixed_scaled = previous
 
     def extra_repr(self) -> str:
         return f"groups={self.groups}, frozen={self.frozen}"

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from edge_sdk.errors import CheckpointError
@@ -34,6 +33,7 @@ from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
 from trainer.ordering import tau_schedule
+from trainer.regime import train_step
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -104,12 +104,39 @@ def _scheduler(opt: torch.optim.Optimizer, cfg: Config, total_steps: int, steps_
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 
 
+def param_groups(model: NestedModel, cfg: Config) -> list[dict]:
+    """Optimizer groups: with ``train.decay_scope: weights`` only the weight means decay (not
+    weight_rho, whose decay would shrink sigma toward softplus(0); not the ordering logits, whose
+    decay pulls every keep probability toward 0.5; not biases or batch norm)."""
+    if cfg.train.decay_scope == "all":
+        return [{"params": list(model.parameters()), "weight_decay": cfg.train.weight_decay}]
+    decay, rest = [], []
+    for name, p in model.named_parameters():
+        # weight means, and the weight matrices of a plain network (the benchmarks' baselines
+        # share this recipe); never 1-D parameters (biases, batch norm) or weight_rho
+        is_weight = name.endswith("weight_mu") or (name.endswith("weight") and p.ndim > 1)
+        (decay if is_weight else rest).append(p)
+    return [{"params": decay, "weight_decay": cfg.train.weight_decay},
+            {"params": rest, "weight_decay": 0.0}]
+
+
 def _optimizer(model: NestedModel, cfg: Config) -> torch.optim.Optimizer:
     t = cfg.train
+    groups = param_groups(model, cfg)
     if t.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
-                           weight_decay=t.weight_decay, nesterov=t.momentum > 0)
+        return torch.optim.Adam(groups, lr=t.lr)
+    return torch.optim.SGD(groups, lr=t.lr, momentum=t.momentum, nesterov=t.momentum > 0)
+
+
+def noise_epoch(cfg: Config) -> int:
+    """The first epoch of the variational phase (``epochs`` = never: deterministic)."""
+    return round(cfg.bayes.noise_start * cfg.train.epochs)
+
+
+def start_variational_phase(model: NestedModel, cfg: Config) -> None:
+    """Re-initialise every sigma from the current means (alpha = exp(log_alpha_init))."""
+    for layer in model.bayes_layers():
+        layer.reset_sigma(cfg.bayes.log_alpha_init)
 
 
 def _dist_info() -> tuple[int, int]:
@@ -164,21 +191,33 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         if rank == 0:
             log(f"resumed from {path} at epoch {start_epoch}")
 
+    model.set_mask_scope(cfg.ordering.mask_scope)
     net = model
     if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model)
+        # The sandwich rule's fixed-width passes leave the ordering logits without a gradient.
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, find_unused_parameters=cfg.train.sandwich)
     if rank == 0:
         log(f"training {model.arch['name']} on {data.source}: {n_train} train / {len(data.val)} "
             f"val / {len(data.test)} test samples, {cfg.train.epochs} epochs, world size {world}")
 
     from tqdm import tqdm
     step = start_epoch * steps_per_epoch
+    first_noisy = noise_epoch(cfg)
     for epoch in range(start_epoch, cfg.train.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
+        noise = epoch >= first_noisy
+        if epoch == first_noisy and first_noisy > 0:
+            start_variational_phase(model, cfg)
+            if rank == 0:
+                log(f"epoch {epoch + 1}: variational phase starts (sigma re-initialised)")
+        reg_fn = ((lambda: regularizer(model, cfg, n_train)) if noise
+                  else (lambda: ordering_regularizer(model, cfg, n_train)))
         # Seeded per epoch, so a resumed run shuffles exactly as an uninterrupted one.
         shuffle_gen.manual_seed(cfg.seed * 100_003 + epoch)
         net.train()
+        epoch_started = time.perf_counter()
         seen = correct = 0
         loss_sum = 0.0
         # disable=None: tqdm turns itself off when stderr is not a terminal (CI logs, pipes)
@@ -187,10 +226,11 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         for x, y in bar:
             model.set_tau(tau_schedule(step, total_steps, cfg.ordering.tau_start,
                                        cfg.ordering.tau_end), hard=cfg.ordering.hard)
-            logits = net(x)
-            loss = F.cross_entropy(logits, y) + regularizer(model, cfg, n_train)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            out = train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
+                             sandwich=cfg.train.sandwich, distill=cfg.train.distill,
+                             noise=noise, regularizer=reg_fn)
+            logits = out.logits
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
             opt.step()
@@ -198,10 +238,11 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
             step += 1
             seen += len(y)
             correct += int((logits.argmax(1) == y).sum())
-            loss_sum += loss.item() * len(y)
+            loss_sum += out.loss * len(y)
             bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}")
         if rank == 0:
-            row = {"epoch": epoch + 1, "loss": loss_sum / seen, "train_acc": correct / seen}
+            row = {"epoch": epoch + 1, "loss": loss_sum / seen, "train_acc": correct / seen,
+                   "seconds": time.perf_counter() - epoch_started}
             last = epoch + 1 == cfg.train.epochs
             if (epoch + 1) % cfg.train.eval_every == 0 or last:
                 res = evaluate_widths(model, calib, val, cfg.train.eval_widths)
@@ -218,6 +259,10 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         if world > 1:
             dist.barrier()
 
+    if first_noisy >= cfg.train.epochs and start_epoch < cfg.train.epochs:
+        # Never variational: sigma = |mu| exp(log_alpha_init / 2) around the final means, so the
+        # posterior the quantizers and the exporter sample is centred where training ended.
+        start_variational_phase(model, cfg)
     result_val = result_test = {}
     if rank == 0:
         result_val = evaluate_widths(model, calib, val, cfg.train.eval_widths)

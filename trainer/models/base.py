@@ -49,15 +49,22 @@ class NestedModel(nn.Module):
 
     # ---- state switches -------------------------------------------------------------------
     @contextmanager
-    def width(self, width: float | None) -> Iterator["NestedModel"]:
+    def width(self, width: float | None, scaled: bool = True) -> Iterator["NestedModel"]:
         """Run at a fixed width: the first groups of every nested layer, rescaled by their keep
-        probability (BN³ App. 8.2). ``None`` restores sampling in training / full width in eval."""
+        probability (BN³ App. 8.2). ``None`` restores sampling in training / full width in eval.
+        ``scaled=False`` keeps the plain 0/1 mask, as a training sample has (the sandwich rule's
+        fixed-width passes train exactly what a sampled mask of that width would run)."""
         if width is not None:
             self.check_width(width)
         with ExitStack() as stack:
             for unit in self.orderings():
-                stack.enter_context(unit.fixed(width))
+                stack.enter_context(unit.fixed(width, scaled))
             yield self
+
+    def set_mask_scope(self, scope: str) -> None:
+        """One training mask per ``"batch"`` (forward pass) or per ``"example"``, every unit."""
+        for unit in self.orderings():
+            unit.scope = scope
 
     def check_width(self, width: float) -> None:
         for unit in self.orderings():

@@ -30,6 +30,7 @@ from trainer.data import DataSplits
 from trainer.evaluate import batches, evaluate_widths
 from trainer.layers import BayesNestedLayer, _inverse_softplus
 from trainer.models import NestedModel
+from trainer.regime import regime_step
 from trainer.train import ordering_regularizer
 
 __all__ = ["PWFNConfig", "PWFNResult", "candidate_centres", "cluster_round", "fix_weights_",
@@ -323,18 +324,22 @@ def _retrain(model: NestedModel, data: DataSplits, cfg: PWFNConfig, train_cfg: C
                                          drop_last=len(data.train) > train_cfg.train.batch_size)
     n_train = len(data.train)
     model.set_tau(train_cfg.ordering.tau_end, hard=train_cfg.ordering.hard)
+    model.set_mask_scope(train_cfg.ordering.mask_scope)
     weights = [e for e in state.entries if e.kind == "weight"]
+
+    def reg() -> torch.Tensor:
+        sig_reg = sum(F.relu(cfg.sigma_target - e.layer.weight_sigma).sum() for e in weights)
+        return cfg.alpha * sig_reg + ordering_regularizer(model, train_cfg, n_train)
+
     for _ in range(epochs):
         model.train()
         for x, y in loader:
-            sig_reg = sum(F.relu(cfg.sigma_target - e.layer.weight_sigma).sum() for e in weights)
-            loss = (F.cross_entropy(model(x), y) + cfg.alpha * sig_reg
-                    + ordering_regularizer(model, train_cfg, n_train))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            # the training regime's passes (sandwich, mask scope, coupling), with weight noise
+            out = regime_step(model, model, x, y, train_cfg, noise=True, regularizer=reg)
             opt.step()
             state.apply_()  # belt and braces: Adam cannot drift a fixed entry either way
-            bar.set_postfix_str(f"loss {loss.item():.3f}", refresh=False)
+            bar.set_postfix_str(f"loss {out.loss:.3f}", refresh=False)
 
 
 def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
@@ -43,6 +42,7 @@ from trainer.data import DataSplits
 from trainer.evaluate import batches, predict_probs, recollect_bn
 from trainer.layers import BayesNestedLayer
 from trainer.models import NestedModel
+from trainer.regime import regime_step
 from trainer.train import ordering_regularizer
 
 __all__ = ["SQSConfig", "SQSResult", "SQSTensor", "compression_rate", "kmeans_1d",
@@ -305,6 +305,7 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
     total = cfg.epochs * len(loader)
     n = len(data.train)
     model.set_tau(train_config.ordering.tau_end, hard=train_config.ordering.hard)
+    model.set_mask_scope(train_config.ordering.mask_scope)
     step = 0
     bar = tqdm(total=total, desc="SQS", disable=None if progress else True, file=sys.stderr)
     with model.weight_mode("mean"):  # eq. 8: the data term at the mean weight
@@ -314,17 +315,18 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
                 frac = step / max(total - 1, 1)
                 prior_keep = cfg.nonzero + (1 - cfg.nonzero) * (1 - frac) ** cfg.schedule_power
                 tau_prune = cfg.tau_prune if step < total // 2 else cfg.tau_prune / 2
-                kl = 0.0
-                for name, layer in layers:
-                    t = post[name]
-                    t.tau_prune = tau_prune
-                    kl = kl + t.kl(layer.parametrizations.weight_mu.original, prior_keep,
-                                   cfg.prior_sigma)
-                logits = model(x)
-                loss = (F.cross_entropy(logits, y) + kl / n
-                        + ordering_regularizer(model, train_config, n))
+                for name, _ in layers:
+                    post[name].tau_prune = tau_prune
+
+                def reg(prior_keep=prior_keep) -> torch.Tensor:
+                    kl = sum(post[name].kl(layer.parametrizations.weight_mu.original,
+                                           prior_keep, cfg.prior_sigma) for name, layer in layers)
+                    return kl / n + ordering_regularizer(model, train_config, n)
+
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                # the training regime's passes (sandwich, mask scope, coupling)
+                logits = regime_step(model, model, x, y, train_config, noise=False,
+                                     regularizer=reg).logits
                 opt.step()
                 step += 1
                 bar.update()

@@ -1,0 +1,242 @@
+"""The training regime (trainer/regime.py, the ordering's mask scope and coupling, the decay
+groups and the deterministic warm-up): each rule does what its docstring says."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.config import load_config
+from trainer.models import create_model
+from trainer.ordering import DownhillOrdering, clear_coupling, coupled_gumbel
+from trainer.regime import distillation_loss, train_step
+from trainer.train import noise_epoch, param_groups, regularizer, start_variational_phase
+
+
+def _model(frozen: int = 1, groups: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    return create_model("nested_cnn_small", num_classes=10, in_channels=1, input_size=8,
+                        groups=groups, frozen=frozen)
+
+
+def _batch(n: int = 16, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _step(model, x, y, **kw):
+    args = dict(mask_coupling="layer", sandwich=False, distill=True, noise=True,
+                regularizer=lambda: torch.zeros(()))
+    args.update(kw)
+    return train_step(model, model, x, y, **args)
+
+
+# ---- mask scope ----------------------------------------------------------------------------
+@pytest.mark.parametrize("scope,rows", [("batch", 1), ("example", 7)])
+def test_mask_scope_sets_one_mask_per_pass_or_per_example(scope, rows):
+    u = DownhillOrdering(8, 1)
+    u.scope = scope
+    u.train()
+    m = u.forward_mask(7)
+    assert m.shape == (rows, 8)
+    assert torch.all(m[:, :-1] >= m[:, 1:]), "masks must stay ordered"
+
+
+def test_batch_scope_masks_every_example_alike_in_a_forward_pass():
+    model = _model()
+    model.set_mask_scope("batch")
+    model.train()
+    seen = []
+    layer = model.nested_layers()[0]
+    h = layer.register_forward_hook(lambda m, i, o: seen.append((o != 0).flatten(2).any(-1)))
+    with model.weight_mode("mean"):
+        model(_batch(32)[0])
+    h.remove()
+    live = seen[0].float()  # [N, C]: channels with any non-zero output per example
+    dead_for_all = (live.sum(0) == 0)
+    # a channel dropped by the shared mask is dropped for every example
+    assert torch.equal(live[:, dead_for_all], torch.zeros_like(live[:, dead_for_all]))
+
+
+# ---- coupling ------------------------------------------------------------------------------
+def test_coupled_units_with_equal_posteriors_draw_equal_widths():
+    torch.manual_seed(0)
+    a, b = DownhillOrdering(8, 1, init_mubar=0.0), DownhillOrdering(8, 1, init_mubar=0.0)
+    for u in (a, b):
+        u.scope, u.hard = "example", True
+        u.train()
+    coupled_gumbel([a, b], 256)
+    za, zb = a.forward_mask(256), b.forward_mask(256)
+    assert torch.equal(za, zb)
+    clear_coupling([a, b])
+    assert a.gumbel is None and b.gumbel is None
+    za, zb = a.forward_mask(256), b.forward_mask(256)
+    assert not torch.equal(za, zb), "independent units must not agree on 256 draws"
+
+
+def test_coupling_keeps_each_units_marginal_over_widths():
+    """Sharing standard Gumbel noise leaves each unit's Downhill posterior unchanged."""
+    torch.manual_seed(0)
+    a = DownhillOrdering(6, 2, init_mubar=0.0)
+    b = DownhillOrdering(6, 2, init_mubar=0.0)
+    with torch.no_grad():
+        a.mubar.copy_(torch.tensor([1.5, -0.5, 0.3, 2.0]))
+    for u in (a, b):
+        u.scope, u.hard, u.tau = "example", True, 1.0
+        u.train()
+    coupled_gumbel([a, b], 40_000)
+    z = a.forward_mask(40_000).detach()
+    tails = z.sum(-1).long() - a.frozen  # index into beta
+    freq = torch.bincount(tails, minlength=a.groups - a.frozen + 1).float() / len(tails)
+    assert torch.allclose(freq, a.beta().detach(), atol=0.015), (freq, a.beta())
+
+
+# ---- sandwich and distillation -------------------------------------------------------------
+def test_sandwich_visits_full_sampled_and_smallest_width_every_step():
+    model = _model(groups=4)
+    model.set_mask_scope("batch")
+    model.train()
+    units = model.orderings()
+    visits = []
+    layer = model.nested_layers()[0]
+    h = layer.register_forward_hook(
+        lambda m, i, o: visits.append((m.ordering.fixed_groups, m.ordering.fixed_scaled)))
+    x, y = _batch()
+    for _ in range(3):
+        visits.clear()
+        _step(model, x, y, sandwich=True)
+        # full width (0/1 mask, unscaled), the Downhill sample, then the smallest width
+        assert visits == [(4, False), (None, True), (1, False)]
+    h.remove()
+    assert all(u.fixed_groups is None for u in units), "fixed widths must be restored"
+
+
+def test_without_sandwich_a_step_is_one_sampled_pass():
+    model = _model()
+    model.train()
+    calls = []
+    h = model.nested_layers()[0].register_forward_hook(lambda *a: calls.append(1))
+    _step(model, *_batch())
+    h.remove()
+    assert len(calls) == 1
+
+
+def _grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def test_distillation_gradient_does_not_flow_into_the_teacher():
+    """With every width the same network (frozen = groups) and no weight noise, the sampled and
+    smallest passes equal the teacher: against a *detached* teacher their loss has zero gradient
+    (p_student - p_teacher = 0), so the step's gradient is exactly the full pass's cross-entropy
+    gradient. A teacher that let gradient through would add the entropy's gradient."""
+    model = _model(frozen=4, groups=4)
+    model.train()
+    x, y = _batch()
+    model.zero_grad()
+    _step(model, x, y, sandwich=True, distill=True, noise=False)
+    got = _grads(model)
+    model.zero_grad()
+    with model.weight_mode("mean"), model.width(1.0, scaled=False):
+        F.cross_entropy(model(x), y).backward()
+    want = _grads(model)
+    assert torch.allclose(got, want, atol=1e-6)
+
+    # the same check fails for a teacher that is not detached (the test can tell them apart)
+    model.zero_grad()
+    with model.weight_mode("mean"):
+        logits = model(x)
+        (F.cross_entropy(logits, y)
+         + distillation_loss(model(x), torch.softmax(logits, -1))).backward()
+    assert not torch.allclose(_grads(model), want, atol=1e-6)
+
+
+def test_distillation_loss_is_cross_entropy_to_soft_targets():
+    s = torch.tensor([[2.0, 0.0, -1.0]])
+    t = torch.tensor([[0.0, 1.0, 0.0]])
+    assert math.isclose(distillation_loss(s, t).item(), F.cross_entropy(s, torch.tensor([1])).item(),
+                        rel_tol=1e-6)
+
+
+def test_no_distill_trains_every_pass_on_the_labels():
+    model = _model(frozen=4, groups=4)
+    model.train()
+    x, y = _batch()
+    model.zero_grad()
+    _step(model, x, y, sandwich=True, distill=False, noise=False)
+    got = _grads(model)
+    model.zero_grad()
+    with model.weight_mode("mean"), model.width(1.0, scaled=False):
+        (3 * F.cross_entropy(model(x), y)).backward()
+    assert torch.allclose(got, _grads(model), atol=1e-5)
+
+
+# ---- weight noise ----------------------------------------------------------------------------
+def test_noise_off_runs_posterior_means_only():
+    model = _model()
+    model.train()
+    x, y = _batch()
+    model.set_mask_scope("batch")
+    for u in model.orderings():
+        with torch.no_grad():
+            u.mubar.fill_(30.0)  # always the full width: the only randomness left is weight noise
+    a = _step(model, x, y, noise=False).logits
+    b = _step(model, x, y, noise=False).logits
+    assert torch.equal(a, b)
+    c = _step(model, x, y, noise=True).logits
+    assert not torch.equal(a, c)
+
+
+def test_variational_phase_resets_sigma_from_the_means():
+    model = _model()
+    cfg = load_config("digits", ["bayes.log_alpha_init=-6"])
+    with torch.no_grad():
+        for layer in model.bayes_layers():
+            layer.weight_mu.mul_(3.0)
+    start_variational_phase(model, cfg)
+    for layer in model.bayes_layers():
+        want = (layer.weight_mu.abs() * math.exp(-3.0)).clamp_min(1e-5)
+        assert torch.allclose(layer.weight_sigma, want, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("start,epochs,first", [(0.0, 10, 0), (0.67, 6, 4), (1.0, 5, 5)])
+def test_noise_epoch(start, epochs, first):
+    cfg = load_config("digits", [f"bayes.noise_start={start}", f"train.epochs={epochs}"])
+    assert noise_epoch(cfg) == first
+
+
+def test_warm_up_regularizer_has_no_weight_kl():
+    model = _model()
+    cfg = load_config("digits", ["bayes.kappa=1.0"])
+    full = regularizer(model, cfg, 100)
+    from trainer.train import ordering_regularizer
+    assert ordering_regularizer(model, cfg, 100) < full
+
+
+# ---- weight decay groups ---------------------------------------------------------------------
+def test_decay_scope_weights_decays_only_weight_means():
+    model = _model()
+    cfg = load_config("digits", ["train.decay_scope=weights", "train.weight_decay=0.1",
+                                 "train.optimizer=sgd", "train.momentum=0", "train.lr=1.0"])
+    groups = param_groups(model, cfg)
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in decayed}
+    assert names and all(n.endswith("weight_mu") for n in names)
+    # behaviour: one SGD step with zero gradients changes exactly the decayed parameters
+    from trainer.train import _optimizer
+    opt = _optimizer(model, cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        changed = not torch.equal(before[n], p.detach())
+        assert changed == (n in names) or before[n].abs().sum() == 0, n
+
+
+def test_decay_scope_all_decays_everything():
+    model = _model()
+    cfg = load_config("digits", ["train.decay_scope=all", "train.weight_decay=0.1"])
+    (group,) = param_groups(model, cfg)
+    assert len(group["params"]) == len(list(model.parameters()))
+    assert group["weight_decay"] == 0.1

@@ -1,0 +1,104 @@
+"""One training step: which widths it trains and against which targets (issue 17's regime).
+
+BN³ (§3, eq. 7–8) trains one forward pass per step with Downhill-sampled masks. Measured on
+cifar10_dev, that regime alone underfits (issue 17: ~12 of ~16 pt lost to a plain VGG come from
+the ordering's sampling, not from the KL or the weight noise), so a step can add:
+
+- ``ordering.mask_scope: batch``: one mask per unit per pass instead of one per example;
+- ``ordering.coupling: network``: the units share their Gumbel noise, so a pass runs a coherent
+  network of one width class instead of independent per-layer widths
+  (:func:`trainer.ordering.coupled_gumbel`);
+- ``train.sandwich``: the sandwich rule of US-Nets (Yu & Huang, 2019, §3.2): besides the
+  Downhill sample, the full width and the smallest width are trained every step, with 0/1 masks
+  (what a sample of that width runs);
+- ``train.distill``: in-place distillation (US-Nets §3.3): the full width learns the labels,
+  the sampled and smallest widths its detached soft predictions;
+- ``bayes.noise_start``: the first fraction of the epochs runs the posterior means (one
+  convolution per layer instead of two, no weight KL); the variational phase follows.
+
+Each pass is back-propagated as soon as it is computed (gradients accumulate; one optimizer step
+per batch), so memory holds one pass's graph and DDP reduces per pass.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from trainer.config import Config
+from trainer.models import NestedModel
+from trainer.ordering import clear_coupling, coupled_gumbel
+
+
+@dataclass
+class StepResult:
+    loss: float  # the summed loss of every pass (for logging)
+    logits: torch.Tensor  # the Downhill-sampled pass (training accuracy is measured on it)
+    full_logits: torch.Tensor | None  # the full-width pass, with the sandwich rule
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the student against the teacher's soft predictions (mean over the batch).
+
+    The teacher's probabilities must be detached by the caller: distillation trains the
+    student towards the teacher, never the teacher towards the student.
+    """
+    return -(teacher_probs * F.log_softmax(student_logits, -1)).sum(-1).mean()
+
+
+def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor, *,
+               mask_coupling: str, sandwich: bool, distill: bool, noise: bool,
+               regularizer: Callable[[], torch.Tensor]) -> StepResult:
+    """Forward and backward every pass of one step (the caller zeroes grads and steps).
+
+    ``net`` is ``model`` or its DDP wrapper; ``regularizer()`` is added once per step (to the
+    first pass); ``noise=False`` runs every Bayesian layer at its posterior mean.
+    """
+    means = contextlib.nullcontext() if noise else model.weight_mode("mean")
+    total = 0.0
+    teacher = full_logits = None
+    with means:
+        reg = regularizer()
+        if sandwich:
+            with model.width(1.0, scaled=False):
+                full_logits = net(x)
+            loss = F.cross_entropy(full_logits, y) + reg
+            loss.backward()
+            total += loss.item()
+            reg = None
+            if distill:
+                teacher = torch.softmax(full_logits.detach(), -1)
+
+        def target_loss(logits: torch.Tensor) -> torch.Tensor:
+            if teacher is not None:
+                return distillation_loss(logits, teacher)
+            return F.cross_entropy(logits, y)
+
+        units = model.orderings()
+        if mask_coupling == "network":
+            coupled_gumbel(units, len(x))
+        try:
+            logits = net(x)
+        finally:
+            clear_coupling(units)
+        loss = target_loss(logits) + (reg if reg is not None else 0.0)
+        loss.backward()
+        total += loss.item()
+        if sandwich:
+            with model.width(model.min_width(), scaled=False):
+                loss = target_loss(net(x))
+            loss.backward()
+            total += loss.item()
+    return StepResult(total, logits.detach(), None if full_logits is None else full_logits.detach())
+
+
+def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor,
+                cfg: Config, *, noise: bool, regularizer: Callable[[], torch.Tensor]) -> StepResult:
+    """:func:`train_step` with the regime of ``cfg`` (training and the quantizers' fine-tuning
+    use the same one, so fine-tuning never drifts the widths training kept)."""
+    return train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
+                      sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
+                      regularizer=regularizer)
