@@ -38,6 +38,8 @@ def export_main(argv: list[str]) -> int:
                         "on validation (default 0.002 = 0.2 pt)")
     p.add_argument("--no-measure", action="store_true", help="skip latency and memory runs")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
+                   help="where BN statistics are re-collected (auto: CUDA if available, else CPU)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.samples < 1:
@@ -50,7 +52,7 @@ def export_main(argv: list[str]) -> int:
                          weights=args.weights, measure=not args.no_measure, force=args.force,
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
-                         max_eval=args.max_eval)
+                         max_eval=args.max_eval, device=args.device)
     print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
     return 0
 

@@ -22,6 +22,7 @@ from edge_sdk.errors import ConfigError
 from exporters.calibrate import (cascade_threshold, confidence_thresholds, fit_temperature,
                                  predictive_probs)
 from exporters.measure import latency_ms, memory_mb, run_tflite
+from trainer.device import resolve_device
 from exporters.slice import (make_slice, posterior_kind, posterior_samples, sliced_heads,
                              stack_heads)
 from exporters.tflite import export_point_slice
@@ -51,6 +52,8 @@ class ExportOptions:
     eval_data: str | None = None  # default: the checkpoint's own test split
     ood_data: str | None = None
     max_eval: int | None = None  # cap on evaluated samples (quick runs, tests)
+    # where BN statistics are re-collected (auto = CUDA when available, else CPU)
+    device: str = "auto"
     extra_source: dict = field(default_factory=dict)
 
 
@@ -148,6 +151,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
                           f"{opts.cascade_max_loss!r}")
     if Path(out).exists() and not opts.force:
         raise B.BundleError(f"{out} exists; pass --force to replace it")
+    device = resolve_device(opts.device)
     torch.manual_seed(opts.seed)
     ckpt = ckpt_io.load_checkpoint(checkpoint)
     kind = posterior_kind(ckpt)
@@ -176,7 +180,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     for w, scope in bar:
         bar.set_postfix_str(f"width {w:g} {scope}")
         if scope == "point" or point is None or point.truncated_width != w:
-            point = make_slice(model, w, calib)
+            point = make_slice(model, w, calib, device=device)
         if scope == "point":
             blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
             unique, entropy = _codebook_stats(point, kind)
@@ -186,7 +190,8 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
                                         output_shape=[opts.samples, classes])]
             unique = entropy = None
         else:
-            blobs = [export_point_slice(make_slice(model, w, calib, s), shape, opts.weights)
+            blobs = [export_point_slice(make_slice(model, w, calib, s, device), shape,
+                                        opts.weights)
                      for s in samples]
             unique = entropy = None
         S = 1 if scope == "point" else opts.samples

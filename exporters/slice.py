@@ -59,7 +59,8 @@ def posterior_samples(model: NestedModel, ckpt: dict, count: int, seed: int = 0,
                 sigma = ckpt["posterior"]["tensors"][f"{name}.weight"]["sigma"]
             else:
                 sigma = layer.weight_sigma.detach()
-            ws[name] = mu + sigma * torch.randn(mu.shape, generator=gen)
+            eps = torch.randn(mu.shape, generator=gen, device="cpu")  # host draws: reproducible
+            ws[name] = mu + sigma.to(mu.device) * eps.to(mu.device)
         sets.append(ws)
     return sets
 
@@ -76,11 +77,15 @@ def with_weights(model: NestedModel, weights: WeightSet | None) -> NestedModel:
 
 
 def make_slice(model: NestedModel, width: float, calib: Sequence,
-               weights: WeightSet | None = None) -> NestedModel:
-    """The width-``width`` network running ``weights``, BN re-collected for it, truncated."""
+               weights: WeightSet | None = None, device: torch.device | None = None
+               ) -> NestedModel:
+    """The width-``width`` network running ``weights``, BN re-collected for it (on ``device``,
+    default the model's), truncated, on the CPU (where lowering to TFLite reads it)."""
     m = with_weights(model, weights)
+    if device is not None:
+        m.to(device)
     recollect_bn(m, calib, width, weight_mode="mean")
-    return m.truncate(width).eval()
+    return m.cpu().truncate(width).eval()
 
 
 def sliced_heads(model: NestedModel, samples: Sequence[WeightSet], width: float

@@ -42,9 +42,21 @@ def build_checkpoint(model: NestedModel, *, input_spec: dict, config: dict, spli
         "split_seed": int(split_seed),
         "config": config,
         "metrics": metrics or {},
-        "posterior": posterior or {"kind": "gaussian"},
-        "train_state": train_state,
+        "posterior": _cpu(posterior or {"kind": "gaussian"}),
+        "train_state": _cpu(train_state),
     }
+
+
+def _cpu(obj: Any) -> Any:
+    """CPU copies of every tensor in nested dicts / lists (a GPU run's optimizer state and
+    posterior): the file never depends on the device it was written from."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
 
 
 def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> Path:

@@ -199,6 +199,9 @@ class TrainConfig:
     )
     # epochs between evaluations; raise it when evaluating many widths is slow
     eval_every: int = _opt(1, min=1)
+    # auto = CUDA when available, else CPU (mps only when asked for); training, the quantizers'
+    # fine-tuning and the exporter's BN re-collection run there
+    device: str = _opt("auto", choices=("auto", "cpu", "cuda", "mps"))
     # null = torch's default thread count
     threads: int | None = _opt(None, min=1)
     # in-memory datasets: worker processes rarely pay off

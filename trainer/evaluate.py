@@ -16,6 +16,7 @@ from torch import nn
 
 from edge_sdk import metrics
 from trainer.data import calibration_subset
+from trainer.device import model_device
 from trainer.models import NestedModel
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d)
@@ -42,9 +43,10 @@ def recollect_bn(model: NestedModel, batches: Iterable, width: float | None = No
         bn.momentum = None  # cumulative moving average over all batches
         bn.train()
     try:
+        device = model_device(model)
         with model.width(width, scaled), model.weight_mode(weight_mode):
             for x, *_ in batches:
-                model(x)
+                model(x.to(device))
     finally:
         for bn, m in zip(bns, momenta):
             bn.momentum = m
@@ -59,9 +61,11 @@ def predict_probs(model: NestedModel, batches: Iterable, width: float | None = N
     model.eval()
     probs, labels = [], []
     mode, draws = ("mean", 1) if samples == 0 else ("sample_weights", samples)
+    device = model_device(model)
     with model.width(width, scaled), model.weight_mode(mode):
         for x, y in batches:
-            probs.append(torch.stack([torch.softmax(model(x), -1) for _ in range(draws)]))
+            x = x.to(device)
+            probs.append(torch.stack([torch.softmax(model(x), -1) for _ in range(draws)]).cpu())
             labels.append(y)
     return torch.cat(probs, 1).double().numpy(), torch.cat(labels).numpy()
 

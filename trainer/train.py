@@ -29,6 +29,7 @@ from edge_sdk.errors import CheckpointError
 from trainer import checkpoint as ckpt_io
 from trainer.config import Config, config_to_dict
 from trainer.data import DataSplits, load_data
+from trainer.device import ddp_backend, resolve_device
 from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
@@ -139,10 +140,12 @@ def start_variational_phase(model: NestedModel, cfg: Config) -> None:
         layer.reset_sigma(cfg.bayes.log_alpha_init)
 
 
-def _dist_info() -> tuple[int, int]:
+def _dist_info(device: torch.device) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(ddp_backend(device))
     return (dist.get_rank(), world) if world > 1 else (0, 1)
 
 
@@ -150,7 +153,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
           progress: bool = True, log=print) -> TrainResult:
     """Train ``cfg`` and write ``<out_dir>/checkpoint.pt`` (every epoch, atomically)."""
     started = time.perf_counter()
-    rank, world = _dist_info()
+    device = resolve_device(cfg.train.device)
+    rank, world = _dist_info(device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.seed + rank)
@@ -159,7 +163,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     data = load_data(cfg.data)
     # Same initial weights on every rank: build the model from the shared seed.
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, data)
+    model = build_model(cfg, data).to(device)
     opt = _optimizer(model, cfg)
     n_train = len(data.train)
     sampler = DistributedSampler(data.train, world, rank, shuffle=True, seed=cfg.seed,
@@ -179,7 +183,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         if state["arch"] != model.arch:
             raise CheckpointError(f"cannot resume from {path}: it holds {state['arch']}, the "
                                   f"config builds {model.arch}")
-        model.load_state_dict(state["state_dict"])
+        model.load_state_dict(state["state_dict"])  # copies CPU tensors onto the device
         ts = state.get("train_state") or {}
         if ts.get("epoch") is None:
             raise CheckpointError(f"cannot resume from {path}: it has no training state "
@@ -196,10 +200,12 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     if world > 1:
         # The sandwich rule's fixed-width passes leave the ordering logits without a gradient.
         net = torch.nn.parallel.DistributedDataParallel(
-            model, find_unused_parameters=cfg.train.sandwich)
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=cfg.train.sandwich)
     if rank == 0:
         log(f"training {model.arch['name']} on {data.source}: {n_train} train / {len(data.val)} "
-            f"val / {len(data.test)} test samples, {cfg.train.epochs} epochs, world size {world}")
+            f"val / {len(data.test)} test samples, {cfg.train.epochs} epochs, world size {world}, "
+            f"device {device}")
 
     from tqdm import tqdm
     step = start_epoch * steps_per_epoch
@@ -224,6 +230,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
                    disable=True if not progress or rank != 0 else None, file=sys.stderr)
         for x, y in bar:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             model.set_tau(tau_schedule(step, total_steps, cfg.ordering.tau_start,
                                        cfg.ordering.tau_end), hard=cfg.ordering.hard)
             opt.zero_grad(set_to_none=True)

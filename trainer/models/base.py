@@ -95,15 +95,19 @@ class NestedModel(nn.Module):
             m.weight_kl_fn = fn
 
     # ---- regularisers --------------------------------------------------------------------
+    def _zero(self) -> torch.Tensor:
+        p = next(self.parameters(), None)
+        return torch.zeros((), device=None if p is None else p.device)
+
     def ordering_kl(self) -> torch.Tensor:
-        return sum((u.kl() for u in self.orderings()), torch.zeros(()))
+        return sum((u.kl() for u in self.orderings()), self._zero())
 
     def ordered_l0(self) -> torch.Tensor:
         """sum_j j beta_j per unit (eq. 16), the deterministic special case of ordering_kl."""
-        return sum((u.expected_tail() for u in self.orderings()), torch.zeros(()))
+        return sum((u.expected_tail() for u in self.orderings()), self._zero())
 
     def weight_kl(self) -> torch.Tensor:
-        return sum((m.weight_kl() for m in self.bayes_layers()), torch.zeros(()))
+        return sum((m.weight_kl() for m in self.bayes_layers()), self._zero())
 
     # ---- truncation ----------------------------------------------------------------------
     def truncate(self, width: float) -> "NestedModel":

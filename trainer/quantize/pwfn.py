@@ -30,6 +30,7 @@ from trainer.data import DataSplits
 from trainer.evaluate import batches, evaluate_widths
 from trainer.layers import BayesNestedLayer, _inverse_softplus
 from trainer.models import NestedModel
+from trainer.device import model_device
 from trainer.regime import regime_step
 from trainer.train import ordering_regularizer
 
@@ -51,20 +52,20 @@ def candidate_centres(max_abs: float, precision: int = 7, max_order: int = 4
     """
     # frexp is exact: max_abs = m * 2^e with 0.5 <= m < 1, so the largest power <= max_abs is 2^(e-1)
     top = max(math.frexp(max_abs)[1] - 1, -precision) if max_abs > 0 else -precision
-    exponents = torch.arange(top, -precision - 1, -1, dtype=torch.float64)
+    exponents = torch.arange(top, -precision - 1, -1, dtype=torch.float64, device="cpu")
     powers = torch.pow(2.0, exponents)
     n = len(powers)
     if n > 24:
         raise ConfigError(f"{n} powers of two between 2^{top} and 2^-{precision}: too many; "
                           "lower quantize.pwfn.precision")
-    masks = torch.arange(1, 2 ** n, dtype=torch.int64)
-    bits = (masks[:, None] >> torch.arange(n)) & 1
+    masks = torch.arange(1, 2 ** n, dtype=torch.int64, device="cpu")
+    bits = (masks[:, None] >> torch.arange(n, device="cpu")) & 1
     order = bits.sum(1)
     keep = order <= max_order
     values = (bits[keep].double() * powers).sum(1)
     order = order[keep]
-    values = torch.cat([-values, torch.zeros(1, dtype=torch.float64), values])
-    order = torch.cat([order, torch.zeros(1, dtype=torch.int64), order])
+    values = torch.cat([-values, torch.zeros(1, dtype=torch.float64, device="cpu"), values])
+    order = torch.cat([order, torch.zeros(1, dtype=torch.int64, device="cpu"), order])
     idx = torch.argsort(values)
     return values[idx], order[idx]
 
@@ -94,7 +95,7 @@ def pow2_sigma(mu: torch.Tensor) -> torch.Tensor:
     lower, upper = torch.pow(2.0, x), torch.pow(2.0, x + 1)
     d_down = (a - lower) / lower
     d_up = (upper - a) / upper
-    q = torch.quantile(d_up[nz], 0.75) if bool(nz.any()) else torch.tensor(1.0)
+    q = torch.quantile(d_up[nz], 0.75) if bool(nz.any()) else torch.tensor(1.0, device=mu.device)
     f = 0.0025 * d_up * d_down / q.clamp_min(1e-12)
     sigma = f.clamp(2.0 ** -30, 0.05)
     return torch.where(nz, sigma, torch.full_like(sigma, 2.0 ** -30)).to(mu.dtype)
@@ -157,7 +158,8 @@ def cluster_round(mu: torch.Tensor, sigma: torch.Tensor, free: torch.Tensor, tar
             d_sorted, perm = torch.sort(d, stable=True)
             if rule == "mean":
                 # the running mean of an ascending list never decreases: a count suffices
-                running = torch.cumsum(d_sorted, 0) / torch.arange(1, len(d) + 1, dtype=d.dtype)
+                running = torch.cumsum(d_sorted, 0) / torch.arange(1, len(d) + 1, dtype=d.dtype,
+                                                                   device=d.device)
                 length = int((running <= delta).sum())
             else:
                 length = int((d_sorted <= delta).sum())
@@ -233,7 +235,9 @@ def _entries(model: NestedModel, include_bias: bool) -> list[_Entry]:
 
 
 def _flat(entries: list[_Entry], fn) -> torch.Tensor:
-    return torch.cat([fn(e).detach().flatten().float() for e in entries])
+    """One flat host (CPU) vector over every entry: clustering is host-side bookkeeping, the
+    parameters may live on any device."""
+    return torch.cat([fn(e).detach().flatten().float().cpu() for e in entries])
 
 
 def _initial_sigma(entries: list[_Entry], cfg: PWFNConfig) -> torch.Tensor:
@@ -241,11 +245,11 @@ def _initial_sigma(entries: list[_Entry], cfg: PWFNConfig) -> torch.Tensor:
     (or the uniform value in the ablation)."""
     parts = []
     for e in entries:
-        mu = e.mu.detach().flatten().float()
+        mu = e.mu.detach().flatten().float().cpu()
         if cfg.sigma_init == "uniform":
             parts.append(torch.full_like(mu, cfg.uniform_sigma))
         elif cfg.sigma_init == "posterior" and e.kind == "weight":
-            parts.append(e.sigma().flatten().float())
+            parts.append(e.sigma().detach().flatten().float().cpu())
         else:
             parts.append(pow2_sigma(mu))
     return torch.cat(parts)
@@ -256,7 +260,8 @@ def _set_weight_sigma_(entries: list[_Entry], sigma: torch.Tensor) -> None:
         for e in entries:
             if e.kind == "weight":
                 s = sigma[e.offset: e.offset + e.numel].view_as(e.layer.weight_rho)
-                e.layer.weight_rho.copy_(_inverse_softplus(s.clamp_min(_MIN_SIGMA).double()).float())
+                rho = _inverse_softplus(s.clamp_min(_MIN_SIGMA).double()).float()
+                e.layer.weight_rho.copy_(rho.to(e.layer.weight_rho.device))
 
 
 # ------------------------------------------------------------------------------ the verb
@@ -280,9 +285,10 @@ class _FixedState:
 
     def __init__(self, entries: list[_Entry], total: int):
         self.entries = entries
-        self.fixed = torch.zeros(total, dtype=torch.bool)
-        self.value = torch.zeros(total)
-        self.sigma = torch.zeros(total)
+        # host-side: the clustering reads and writes these; apply_ copies them to the device
+        self.fixed = torch.zeros(total, dtype=torch.bool, device="cpu")
+        self.value = torch.zeros(total, device="cpu")
+        self.sigma = torch.zeros(total, device="cpu")
         self.hooks = []
         for e in entries:
             params = [e.mu] + ([e.layer.weight_rho] if e.kind == "weight" else [])
@@ -291,7 +297,7 @@ class _FixedState:
 
     def _mask_hook(self, e: _Entry):
         def hook(grad: torch.Tensor) -> torch.Tensor:
-            mask = self.fixed[e.offset: e.offset + e.numel].view_as(grad)
+            mask = self.fixed[e.offset: e.offset + e.numel].view_as(grad).to(grad.device)
             return grad.masked_fill(mask, 0.0)
         return hook
 
@@ -300,11 +306,13 @@ class _FixedState:
         with torch.no_grad():
             for e in self.entries:
                 sl = slice(e.offset, e.offset + e.numel)
-                mask = self.fixed[sl].view_as(e.mu)
-                e.mu.copy_(torch.where(mask, self.value[sl].view_as(e.mu), e.mu))
+                dev = e.mu.device
+                mask = self.fixed[sl].view_as(e.mu).to(dev)
+                e.mu.copy_(torch.where(mask, self.value[sl].view_as(e.mu).to(dev), e.mu))
                 if e.kind == "weight":
                     rho = _inverse_softplus(self.sigma[sl].clamp_min(_MIN_SIGMA).double()).float()
-                    e.layer.weight_rho.copy_(torch.where(mask, rho.view_as(mask), e.layer.weight_rho))
+                    e.layer.weight_rho.copy_(
+                        torch.where(mask, rho.view_as(mask).to(dev), e.layer.weight_rho))
 
     def remove(self) -> None:
         for h in self.hooks:
@@ -325,6 +333,7 @@ def _retrain(model: NestedModel, data: DataSplits, cfg: PWFNConfig, train_cfg: C
     n_train = len(data.train)
     model.set_tau(train_cfg.ordering.tau_end, hard=train_cfg.ordering.hard)
     model.set_mask_scope(train_cfg.ordering.mask_scope)
+    device = model_device(model)
     weights = [e for e in state.entries if e.kind == "weight"]
 
     def reg() -> torch.Tensor:
@@ -334,6 +343,7 @@ def _retrain(model: NestedModel, data: DataSplits, cfg: PWFNConfig, train_cfg: C
     for _ in range(epochs):
         model.train()
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             opt.zero_grad(set_to_none=True)
             # the training regime's passes (sandwich, mask scope, coupling), with weight noise
             out = regime_step(model, model, x, y, train_cfg, noise=True, regularizer=reg)
@@ -366,7 +376,7 @@ def fix_weights_(model: NestedModel, cfg: PWFNConfig, data: DataSplits,
     mu_all = _flat(entries, lambda e: e.mu)
     init_sigma = _initial_sigma(entries, cfg)
     _set_weight_sigma_(entries, init_sigma)  # pow2/uniform replace the learned sigma as the start
-    is_bias = torch.cat([torch.full((e.numel,), e.kind == "bias") for e in entries])
+    is_bias = torch.cat([torch.full((e.numel,), e.kind == "bias", device="cpu") for e in entries])
     centres, order = candidate_centres(float(mu_all.abs().max()), cfg.precision, cfg.max_order)
     state = _FixedState(entries, total)
     gen = torch.Generator().manual_seed(train_config.seed)

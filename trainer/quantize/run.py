@@ -8,6 +8,7 @@ from edge_sdk.errors import CheckpointError, ConfigError
 from trainer import checkpoint as ckpt_io
 from trainer.config import Config, config_from_dict, config_to_dict
 from trainer.data import DataSplits, load_data
+from trainer.device import resolve_device
 from trainer.models import NestedModel
 
 METHODS = ("pwfn", "sqs")
@@ -27,6 +28,7 @@ def quantize_model(model: NestedModel, cfg: Config, data: DataSplits, out_dir: s
     if method not in METHODS:
         raise ConfigError(f"quantize.method must be one of {', '.join(METHODS)}, got {method!r}")
     metrics = dict(base_metrics or {})
+    model.to(resolve_device(cfg.train.device))  # fine-tuning runs where training did
     keyed = lambda res: {f"{w:g}": row for w, row in res.items()}  # noqa: E731
     if method == "pwfn":
         from trainer.quantize.pwfn import fix_weights_

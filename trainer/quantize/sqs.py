@@ -42,6 +42,7 @@ from trainer.data import DataSplits
 from trainer.evaluate import batches, predict_probs, recollect_bn
 from trainer.layers import BayesNestedLayer
 from trainer.models import NestedModel
+from trainer.device import model_device
 from trainer.regime import regime_step
 from trainer.train import ordering_regularizer
 
@@ -70,13 +71,14 @@ def make_windows(x: torch.Tensor, mode: str = "outlier", iqr_factor: float = 5.0
         bulk = torch.where(x < 0, 1, 2)
         raw = torch.where(x < lo, 0, torch.where(x > hi, 3, bulk))
     elif mode == "equal":
-        edges = torch.linspace(float(x.min()), float(x.max()), 5, dtype=torch.float64)
+        edges = torch.linspace(float(x.min()), float(x.max()), 5, dtype=torch.float64,
+                               device=x.device)
         raw = torch.bucketize(x, edges[1:-1], right=True)
     else:
         raise ConfigError(f"windows must be outlier or equal, got {mode!r}")
     present = torch.unique(raw)
-    remap = torch.full((4,), -1, dtype=torch.int64)
-    remap[present] = torch.arange(len(present))
+    remap = torch.full((4,), -1, dtype=torch.int64, device=x.device)
+    remap[present] = torch.arange(len(present), device=x.device)
     index = remap[raw]
     bounds = [(float(x[index == w].min()), float(x[index == w].max())) for w in range(len(present))]
     return index, bounds
@@ -90,15 +92,16 @@ def kmeans_1d(x: torch.Tensor, k: int, iters: int = 50) -> tuple[torch.Tensor, t
     """
     x = x.detach().double()
     k = min(k, int(torch.unique(x).numel()))
-    centres = torch.unique(torch.quantile(x, (torch.arange(k, dtype=torch.float64) + 0.5) / k))
+    centres = torch.unique(torch.quantile(
+        x, (torch.arange(k, dtype=torch.float64, device=x.device) + 0.5) / k))
     while len(centres) < k:  # repeated quantiles on clumped data: pad with unused distinct values
         extra = torch.unique(x)[~torch.isin(torch.unique(x), centres)][: k - len(centres)]
         centres = torch.sort(torch.cat([centres, extra])).values
-    assign = torch.zeros(len(x), dtype=torch.int64)
+    assign = torch.zeros(len(x), dtype=torch.int64, device=x.device)
     for _ in range(iters):
         assign = torch.searchsorted((centres[1:] + centres[:-1]) / 2, x)
         counts = torch.bincount(assign, minlength=k).double()
-        sums = torch.zeros(k, dtype=torch.float64).index_add_(0, assign, x)
+        sums = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, assign, x)
         new = torch.where(counts > 0, sums / counts.clamp_min(1), centres)
         new = torch.sort(new).values
         if torch.equal(new, centres):
@@ -115,8 +118,9 @@ def _gmm_init(x: torch.Tensor, assign: torch.Tensor, k: int, floor: float
     """App. C: mu_k, sigma_k (unbiased std) and pi_k = |G_k| / n of each k-means group."""
     x = x.double()
     n = torch.bincount(assign, minlength=k).double()
-    mu = torch.zeros(k, dtype=torch.float64).index_add_(0, assign, x) / n.clamp_min(1)
-    ss = torch.zeros(k, dtype=torch.float64).index_add_(0, assign, (x - mu[assign]) ** 2)
+    mu = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, assign, x) / n.clamp_min(1)
+    ss = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(
+        0, assign, (x - mu[assign]) ** 2)
     sigma = torch.sqrt(ss / (n - 1).clamp_min(1)).clamp_min(floor)
     return mu, sigma, n / n.sum()
 
@@ -131,9 +135,10 @@ class SQSTensor(nn.Module):
         flat = theta.detach().flatten()
         index, self.bounds = make_windows(flat, cfg.windows, cfg.iqr_factor)
         n_windows, k = len(self.bounds), 2 ** cfg.bits
-        mu = torch.zeros(n_windows, k, dtype=torch.float64)
-        sigma = torch.ones(n_windows, k, dtype=torch.float64)
-        log_pi = torch.full((n_windows, k), -math.inf, dtype=torch.float64)
+        dev = flat.device
+        mu = torch.zeros(n_windows, k, dtype=torch.float64, device=dev)
+        sigma = torch.ones(n_windows, k, dtype=torch.float64, device=dev)
+        log_pi = torch.full((n_windows, k), -math.inf, dtype=torch.float64, device=dev)
         floor = max(float(flat.abs().max()) * 1e-4, 1e-8)  # a singleton group has no spread
         for w in range(n_windows):  # a loop over <= 4 windows, never over weights
             xw = flat[index == w]
@@ -200,7 +205,7 @@ def prune_mask(scores: list[torch.Tensor], nonzero: float, scope: str = "global"
     Ranking by s rather than lambda: lambda = sigmoid(s / tau') saturates at 1.0 in fp32."""
     def top(flat: torch.Tensor, keep: int) -> torch.Tensor:
         order = torch.sort(-flat.double(), stable=True).indices  # stable: ties by index
-        mask = torch.zeros(len(flat), dtype=torch.bool)
+        mask = torch.zeros(len(flat), dtype=torch.bool, device=flat.device)
         mask[order[:keep]] = True
         return mask
 
@@ -306,12 +311,14 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
     n = len(data.train)
     model.set_tau(train_config.ordering.tau_end, hard=train_config.ordering.hard)
     model.set_mask_scope(train_config.ordering.mask_scope)
+    device = model_device(model)
     step = 0
     bar = tqdm(total=total, desc="SQS", disable=None if progress else True, file=sys.stderr)
     with model.weight_mode("mean"):  # eq. 8: the data term at the mean weight
         for _ in range(cfg.epochs):
             model.train()
             for x, y in loader:
+                x, y = x.to(device), y.to(device)
                 frac = step / max(total - 1, 1)
                 prior_keep = cfg.nonzero + (1 - cfg.nonzero) * (1 - frac) ** cfg.schedule_power
                 tau_prune = cfg.tau_prune if step < total // 2 else cfg.tau_prune / 2
@@ -357,7 +364,7 @@ def _finalise(model, post, thetas, layers, cfg: SQSConfig, calib, test, widths, 
         log_r = torch.log(t.responsibilities(theta).clamp_min(1e-30))
         k_star = t.phi(theta).argmax(-1)  # greedy, eq. 34
         codebook = t.mu.detach()  # [windows, K]; invalid slots unused
-        w = torch.where(mask, codebook[t.window, k_star], torch.zeros(()))
+        w = torch.where(mask, codebook[t.window, k_star], torch.zeros((), device=codebook.device))
         greedy[name] = w.view(t.shape)
         uncertain["tau"] += int(((t.phi(theta).max(-1).values < 0.99) & mask).sum())
         uncertain[f"sample_tau={cfg.sample_tau:g}"] += int(
@@ -406,10 +413,11 @@ def sample_weights(post: dict, thetas: dict, masks: dict, sample_tau: float,
     ``sample_tau``; pruned weights are 0. Every sample stays on the codebook."""
     out = {}
     for name, t in post.items():
-        phi = t.phi(thetas[name], sample_tau)
-        k = torch.multinomial(phi, 1, generator=generator).squeeze(1)
+        # drawn on the host with the host generator (reproducible on any device), then moved
+        phi = t.phi(thetas[name], sample_tau).detach().cpu()
+        k = torch.multinomial(phi, 1, generator=generator).squeeze(1).to(t.mu.device)
         w = t.mu.detach()[t.window, k]
-        out[name] = torch.where(masks[name], w, torch.zeros(())).view(t.shape)
+        out[name] = torch.where(masks[name], w, torch.zeros((), device=w.device)).view(t.shape)
     return out
 
 
@@ -425,7 +433,7 @@ def sample_from_posterior(posterior: dict, sample_tau: float, generator: torch.G
         r = t["log_resp"].float().exp() / sample_tau
         phi = torch.softmax(r.masked_fill(~valid, -math.inf), -1)
         k = torch.multinomial(phi, 1, generator=generator).squeeze(1)
-        w = torch.zeros(mask.shape)
+        w = torch.zeros(mask.shape, device=mask.device)
         w[mask] = t["codebook"][window, k]
         out[name] = w.view(t["mask"].shape)
     return out
