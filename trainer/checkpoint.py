@@ -7,7 +7,9 @@ interrupted save never leaves a truncated checkpoint behind.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +84,35 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} does not exist (expected a .pt file written by "
                               "`edge-sdk train`)")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's advice is for its own users, not ours
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # unpickling errors come in many types; name the file either way
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+        raise CheckpointError(f"{path} is not an edge-sdk checkpoint: {_unreadable(e)}; "
+                              f"{_EXPECTED}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an edge-sdk checkpoint (expected format {FORMAT!r})")
+        raise CheckpointError(f"{path} is not an edge-sdk checkpoint: it has no format "
+                              f"{FORMAT!r} marker; {_EXPECTED}")
     if ckpt.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this "
                               f"edge-sdk reads version {VERSION}")
     return ckpt
+
+
+_EXPECTED = "expected a .pt file written by `edge-sdk train` or `edge-sdk quantize`"
+
+
+def _unreadable(exc: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in our words: torch's own message
+    advises ``weights_only=False``, i.e. running code from the file, which we never do."""
+    if isinstance(exc, EOFError):
+        return "the file is empty or truncated"
+    text = str(exc)
+    code = re.search(r"GLOBAL ([\w.]+)", text)
+    if code:  # e.g. a whole pickled nn.Module, or something that would run a command
+        return (f"it refers to Python code ({code.group(1)}), which a checkpoint of tensors and "
+                "plain values never does, so it was not loaded")
+    return "it is not a torch file of tensors and plain values"
 
 
 def model_from_checkpoint(ckpt: dict[str, Any]) -> NestedModel:

@@ -51,7 +51,7 @@ def test_checkpoint_errors(tmp_path):
     with pytest.raises(CheckpointError, match="not an edge-sdk checkpoint"):
         ckpt_io.load_checkpoint(tmp_path / "other.pt")
     (tmp_path / "garbage.pt").write_bytes(b"not a zip file")
-    with pytest.raises(CheckpointError, match="cannot read"):
+    with pytest.raises(CheckpointError, match="not an edge-sdk checkpoint"):
         ckpt_io.load_checkpoint(tmp_path / "garbage.pt")
 
     class Evil:
@@ -59,8 +59,52 @@ def test_checkpoint_errors(tmp_path):
             return (os.system, ("echo pwned",))
 
     torch.save({"format": ckpt_io.FORMAT, "payload": Evil()}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match="cannot read"):  # weights_only refuses code
-        ckpt_io.load_checkpoint(tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match=r"not an edge-sdk checkpoint.*\(posix\.system\)"):
+        ckpt_io.load_checkpoint(tmp_path / "evil.pt")  # weights_only refuses code
+
+
+def _not_checkpoints(tmp_path):
+    """Files users pass by mistake: each is refused by torch.load(weights_only=True) with
+    advice to set weights_only=False, which must never reach them."""
+    import pickle
+
+    import numpy as np
+
+    (tmp_path / "garbage.pt").write_bytes(b"not a zip file")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "config.yaml").write_text("train: {epochs: 3}\n")
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # a whole pickled model
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "plain.pt")
+    np.savez(tmp_path / "data.npz", x=np.zeros(3))
+    with open(tmp_path / "obj.pkl", "wb") as f:
+        pickle.dump({"a": 1}, f)
+    return sorted(p for p in tmp_path.iterdir() if p.is_file())
+
+
+def test_non_checkpoints_are_named_as_such_without_torch_advice(tmp_path):
+    for path in _not_checkpoints(tmp_path):
+        with pytest.raises(CheckpointError) as info:
+            ckpt_io.load_checkpoint(path)
+        message = str(info.value)
+        assert f"{path} is not an edge-sdk checkpoint" in message, message
+        assert "weights_only" not in message and "torch.load" not in message, message
+        # torch's own exception is not chained on: its text would reach a traceback
+        assert info.value.__cause__ is None
+        assert info.value.__context__ is None or info.value.__suppress_context__
+
+
+@pytest.mark.parametrize("command", ["quantize", "export"])
+def test_cli_on_a_non_checkpoint_says_so_in_one_line(tmp_path, capsys, command):
+    from edge_sdk import cli
+
+    (tmp_path / "in").mkdir()
+    for path in _not_checkpoints(tmp_path / "in"):
+        extra = ["--out", str(tmp_path / "bundle")] if command == "export" else []
+        assert cli.main([command, str(path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "not an edge-sdk checkpoint" in err, err
+        assert "weights_only" not in err and err.count("\n") == 1, err
+    assert not (tmp_path / "bundle").exists()
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
