@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def train_main(argv: list[str]) -> int:
@@ -16,6 +17,8 @@ def train_main(argv: list[str]) -> int:
     p.add_argument("--out", default=None, help="output directory (default: runs/<config name>)")
     p.add_argument("--resume", action="store_true",
                    help="continue from <out>/checkpoint.pt if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="start afresh over an existing run in <out> (its checkpoint is replaced)")
     p.add_argument("--no-progress", action="store_true", help="no per-batch progress bar")
     args = p.parse_args(argv)
 
@@ -23,6 +26,7 @@ def train_main(argv: list[str]) -> int:
     from trainer.train import train
 
     cfg = load_config(args.config, args.overrides)
+    _refuse_existing_run(Path(args.out or Path("runs") / cfg.name), args)
     result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
     import torch.distributed as dist
     final = result.checkpoint
@@ -30,15 +34,36 @@ def train_main(argv: list[str]) -> int:
         print(f"wall time {result.seconds:.1f} s")
         if cfg.quantize.method != "none":
             from trainer.data import load_data
-            from trainer.quantize.run import default_out_dir, quantize_model
+            from trainer.quantize.run import quantize_model
 
             final = quantize_model(result.model, cfg, load_data(cfg.data),
-                                   default_out_dir(result.checkpoint, cfg.quantize.method),
+                                   quantized_dir(result.checkpoint, cfg.quantize.method),
                                    progress=not args.no_progress)
         print(final)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _refuse_existing_run(out: Path, args: argparse.Namespace) -> None:
+    """Like ``export`` without ``--force``: a finished or interrupted run is never silently
+    overwritten by a fresh one."""
+    from trainer.train import CHECKPOINT_NAME
+
+    if (out / CHECKPOINT_NAME).exists() and not (args.force or args.resume):
+        from edge_sdk.errors import ConfigError
+
+        raise ConfigError(f"{out} already holds a run ({CHECKPOINT_NAME}); pass --resume to "
+                          "continue it, --force to replace it, or --out for a new directory")
+
+
+def quantized_dir(checkpoint: str | Path, method: str) -> Path:
+    """Next to the input checkpoint: ``<dir>/<run>-<method>/`` for ``<dir>/<run>/checkpoint.pt``,
+    ``<dir>/<name>-<method>/`` for any other ``<dir>/<name>.pt``."""
+    p = Path(checkpoint)
+    if p.stem == "checkpoint" and p.parent.name:
+        return p.parent.parent / f"{p.parent.name}-{method}"
+    return p.parent / f"{p.stem}-{method}"
 
 
 def quantize_main(argv: list[str]) -> int:
@@ -56,7 +81,9 @@ def quantize_main(argv: list[str]) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override, e.g. --set quantize.pwfn.rule=strict or "
                         "--set quantize.sqs.bits=2 (repeatable)")
-    p.add_argument("--out", default=None, help="output directory (default: runs/<run>-<method>/)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: next to the checkpoint, <run>-<method>/ "
+                        "beside the run directory of <run>/checkpoint.pt)")
     p.add_argument("--no-progress", action="store_true", help="log rounds instead of a bar")
     args = p.parse_args(argv)
 
@@ -70,6 +97,7 @@ def quantize_main(argv: list[str]) -> int:
     else:
         cfg = apply_overrides(config_from_dict(load_checkpoint(args.checkpoint)["config"]),
                               overrides)
-    path = quantize_checkpoint(args.checkpoint, cfg, args.out, progress=not args.no_progress)
+    out = args.out if args.out is not None else quantized_dir(args.checkpoint, args.method)
+    path = quantize_checkpoint(args.checkpoint, cfg, out, progress=not args.no_progress)
     print(path)
     return 0
