@@ -203,7 +203,7 @@ def load_eval_data(manifest: Manifest, eval_data: str | None = None,
     cap = "" if max_eval is None else f", first {max_eval} samples"
     source = eval_data if eval_data is not None else recorded
     if source is not None:
-        ds = load_ood(source, spec)
+        ds = load_ood(source, spec, labels=True)  # evaluation needs labels; OOD data does not
         description = f"`{source}`{cap}"
     else:
         data_cfg = src.get("data")

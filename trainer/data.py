@@ -130,8 +130,11 @@ class InputSpec:
         return cls(**d)
 
     def normalize(self, raw: np.ndarray) -> np.ndarray:
-        """Raw NHWC device input -> float32 NHWC model input (numpy only)."""
+        """Raw NHWC device input -> float32 NHWC model input (numpy only); grey images may
+        come as N x H x W (the channel axis is added, as for training data)."""
         raw = np.asarray(raw)
+        if raw.ndim == 3 and self.channels == 1:
+            raw = raw[..., None]
         if raw.ndim != 4 or raw.shape[1:] != self.shape[1:]:
             raise DataError(f"expected raw input of shape (N, {', '.join(map(str, self.shape[1:]))}), got {raw.shape}")
         mean = np.asarray(self.mean, dtype=np.float32)
@@ -307,15 +310,37 @@ def _read_digits() -> _Raw:
     return _Raw(x, labels, None, None, tuple(str(c) for c in range(10)), (0.0, 16.0))
 
 
-def _read_npz(path: str) -> _Raw:
-    path = os.path.expanduser(path)  # relative paths are relative to the working directory
+def _npz_arrays(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise DataError(f"npz data file '{path}' not found (cwd: {os.getcwd()})")
     try:
         with np.load(path, allow_pickle=False) as f:  # no pickle: data must not run code
-            arrays = {k: f[k] for k in f.files}
+            return {k: f[k] for k in f.files}
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read npz data file '{path}': {exc}") from exc
+
+
+def _read_npz_images(path: str, labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """One split of an npz for evaluation or OOD: x_test (else x_train) and its labels, which
+    only ``labels=True`` requires (None when absent)."""
+    path = os.path.expanduser(path)
+    arrays = _npz_arrays(path)
+    split = "test" if "x_test" in arrays and arrays["x_test"].size else "train"
+    if f"x_{split}" not in arrays:
+        raise DataError(f"npz data file '{path}' has no images: expected x_test (or x_train), "
+                        f"found {sorted(arrays)}")
+    x = _nhwc(arrays[f"x_{split}"], f"{path}: x_{split}")
+    if f"y_{split}" not in arrays:
+        if labels:
+            raise DataError(f"npz data file '{path}' has x_{split} but no y_{split}: evaluation "
+                            "data needs labels (only OOD data may come without)")
+        return x, None
+    return x, _labels(arrays[f"y_{split}"], x.shape[0], f"{path}: y_{split}")
+
+
+def _read_npz(path: str) -> _Raw:
+    path = os.path.expanduser(path)  # relative paths are relative to the working directory
+    arrays = _npz_arrays(path)
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
     if missing:
         raise DataError(f"npz data file '{path}' lacks {missing}; expected keys x_train, y_train, x_test, "
@@ -551,21 +576,27 @@ def load_ood(
     *,
     root: str = DataConfig.root,
     download: bool = False,
+    labels: bool = False,
 ) -> ArrayDataset:
     """A source's test split (its whole data when it has none), normalised with the IN-distribution spec.
 
-    Labels are kept as stored (they belong to the OOD label set, not to spec.classes).
+    Labels are kept as stored (they belong to the OOD label set, not to spec.classes). An npz
+    may hold only ``x_test`` (or only ``x_train``) and no labels: OOD data needs none, and its
+    labels are then -1. ``labels=True`` (evaluation data) requires them.
     """
     if not isinstance(spec, InputSpec):
         raise TypeError(f"load_ood expects an InputSpec, got {type(spec).__name__}")
     if not isinstance(source, str):
         raise ConfigError(f"data source must be a string, got {type(source).__name__}")
-    image_size = spec.shape[1] if source.startswith("imagefolder:") else None  # match the model's input
-    raw = _read_source(source, root, download, image_size)
-    if raw.x_test is not None and raw.y_test is not None and raw.x_test.shape[0]:
-        x, y = raw.x_test, raw.y_test
+    if source.startswith("npz:") and len(source) > 4:
+        x, y = _read_npz_images(source[4:], labels)
     else:
-        x, y = raw.x_train, raw.y_train
+        image_size = spec.shape[1] if source.startswith("imagefolder:") else None  # the model's input
+        raw = _read_source(source, root, download, image_size)
+        if raw.x_test is not None and raw.y_test is not None and raw.x_test.shape[0]:
+            x, y = raw.x_test, raw.y_test
+        else:
+            x, y = raw.x_train, raw.y_train
     if x.shape[0] == 0:
         raise DataError(f"OOD source {source!r} has no samples")
     if x.shape[1:] != spec.shape[1:]:
@@ -578,4 +609,4 @@ def load_ood(
             x = x.astype(np.float32)
         else:
             raise DataError(f"OOD source {source!r} has {x.dtype} pixels, but the model's input is {spec.dtype}")
-    return ArrayDataset.from_raw(x, y, spec)
+    return ArrayDataset.from_raw(x, np.full(len(x), -1, np.int64) if y is None else y, spec)

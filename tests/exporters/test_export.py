@@ -559,14 +559,22 @@ def test_cli_export(checkpoints, workdir):
     out = workdir / "cli" / "b"
     exe = Path(sys.executable).parent / "edge-sdk"
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # OOD data as users have it: grey N x H x W images in x_test, no labels, no training split
+    ood = workdir / "cli" / "ood.npz"
+    ood.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(ood, x_test=np.random.default_rng(0).uniform(0, 16, (20, 8, 8)).astype(np.float32))
     r = subprocess.run([str(exe), "export", str(checkpoints["gaussian"]), "--out", str(out),
                         "--widths", "1.0", "--samples", "2", "--scope", "point,head",
-                        "--no-measure", "--max-eval", "20", "--no-progress"],
+                        "--no-measure", "--max-eval", "20", "--no-progress",
+                        "--ood-data", f"npz:{ood}"],
                        capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert Path(last).resolve() == out.resolve()
-    assert list(read_manifest(out, verify=True).ids) == ["w1.00-point", "w1.00-head2"]
+    manifest = read_manifest(out, verify=True)
+    assert list(manifest.ids) == ["w1.00-point", "w1.00-head2"]
+    for c in manifest.configurations:  # noise against digits: an easy OOD task
+        assert c.test["calibrated"]["ood_auroc"] > 0.5, c.test
 
 
 # -------------------------------------------------------------------- 7. measure

@@ -127,7 +127,8 @@ def test_spec_round_trip_and_validation(digits):
         with pytest.raises(DataError):
             InputSpec.from_dict(b)
     with pytest.raises(DataError, match=r"\(N, 8, 8, 1\)"):
-        spec.normalize(np.zeros((2, 8, 8)))
+        spec.normalize(np.zeros((2, 8, 7)))
+    assert spec.normalize(np.zeros((2, 8, 8))).shape == (2, 8, 8, 1)  # grey: channel axis added
 
 
 def test_dataloader_batches(digits):
@@ -169,6 +170,38 @@ def test_test_only_npz_is_ood(tmp_path):
     assert ood.x.shape == (12, 1, 6, 6) and ood.raw.shape == (12, *in_dist.spec.shape[1:])
     expected = in_dist.spec.normalize(ood.raw).transpose(0, 3, 1, 2)  # in-distribution statistics
     assert np.allclose(ood.x.numpy(), expected, atol=1e-6)
+
+
+def test_unlabelled_ood_npz_with_only_x_test(tmp_path):
+    in_dist = load_data(DataConfig(source=f"npz:{_write_npz(tmp_path / 'in.npz')}"))
+    images = np.random.default_rng(3).integers(0, 256, (9, 6, 6), dtype=np.uint8)  # grey N x H x W
+    np.savez(tmp_path / "ood.npz", x_test=images)
+    ood = load_ood(f"npz:{tmp_path / 'ood.npz'}", in_dist.spec)
+    assert len(ood) == 9 and ood.y.tolist() == [-1] * 9  # no labels: -1, never a class
+    assert np.array_equal(ood.raw, images[..., None])
+    with pytest.raises(DataError, match="has x_test but no y_test: evaluation data needs labels"):
+        load_ood(f"npz:{tmp_path / 'ood.npz'}", in_dist.spec, labels=True)
+    np.savez(tmp_path / "train_only.npz", x_train=images[:4])  # x_train alone is read too
+    assert len(load_ood(f"npz:{tmp_path / 'train_only.npz'}", in_dist.spec)) == 4
+    np.savez(tmp_path / "none.npz", y_test=np.zeros(3, np.int64))
+    with pytest.raises(DataError, match=r"has no images: expected x_test \(or x_train\)"):
+        load_ood(f"npz:{tmp_path / 'none.npz'}", in_dist.spec)
+
+
+def test_grey_training_data_with_and_without_channel_axis_load_alike(tmp_path):
+    flat = _write_npz(tmp_path / "flat.npz", seed=4)  # N x H x W
+    with np.load(flat) as f:
+        arrays = {k: f[k] for k in f.files}
+    np.savez(tmp_path / "nhwc.npz", **{k: v[..., None] if k.startswith("x_") else v
+                                       for k, v in arrays.items()})
+    a = load_data(DataConfig(source=f"npz:{flat}"))
+    b = load_data(DataConfig(source=f"npz:{tmp_path / 'nhwc.npz'}"))
+    assert a.spec == b.spec and a.spec.shape == (1, 6, 6, 1)
+    for split in ("train", "val", "test"):
+        assert torch.equal(getattr(a, split).x, getattr(b, split).x)
+    # the spec normalises a grey batch with or without the channel axis alike
+    raw = a.test.raw
+    assert np.array_equal(a.spec.normalize(raw[..., 0]), a.spec.normalize(raw))
 
 
 def test_ood_shape_mismatch_names_both_shapes(tmp_path):
