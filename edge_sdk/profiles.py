@@ -1,6 +1,7 @@
 """Device profiles: how fast a device class runs a slice, before this device has measured it.
 
-A profile (``device_profiles/<name>.yaml``, schema version 1) states the device's cores, clock and
+A profile (``device_profiles/<name>.yaml`` in the repository, shipped inside the device wheel as
+``edge_sdk/device_profiles/``; schema version 1) states the device's cores, clock and
 RAM, and an effective throughput per route and thread count: ``gmacs`` (GMAC/s sustained on a
 CNN) and ``overhead_ms`` (fixed cost per ``invoke``). The runtime's latency estimate for a
 configuration is then ``invokes * (macs / (gmacs * 1e6) + overhead_ms)``. Built-in profiles carry
@@ -21,6 +22,7 @@ import os
 import platform
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -32,7 +34,19 @@ from edge_sdk.errors import BundleError, ProfileError
 SCHEMA_VERSION = 1
 ARCHES = ("arm64", "x86_64")
 ROUTES = ("fp32", "int8")
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
+
+
+def _builtin_dir() -> Path:
+    """The built-in profiles: package data in an installed wheel (``edge_sdk/device_profiles/``,
+    where pyproject.toml puts the repository's ``device_profiles/``), else that top-level
+    directory of a source checkout (editable installs, ``PYTHONPATH=.``)."""
+    packaged = resources.files(__package__ or "edge_sdk").joinpath("device_profiles")
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "device_profiles"
+
+
+BUILTIN_DIR = _builtin_dir()
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -310,7 +324,7 @@ def _host() -> dict[str, Any]:
 
 
 def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = None,
-                    repeats: int = 50, name: str | None = None
+                    repeats: int = 50, name: str | None = None, backend: str | None = None
                     ) -> tuple[DeviceProfile, list[dict[str, Any]]]:
     """Measure this host through the real interpreter on the bundle's own slices.
 
@@ -324,7 +338,7 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
 
     import numpy as np
 
-    from edge_sdk.backends import interpreter_class
+    from edge_sdk.backends import check_bundle, interpreter_class
     from edge_sdk.bundle import read_manifest, resolve_file
 
     if repeats < 1:
@@ -336,7 +350,8 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
     if bad:
         raise ProfileError(f"thread counts must be between 1 and this host's {host['cores']} "
                            f"cores, got {bad}")
-    cls, backend = interpreter_class()
+    cls, backend = interpreter_class(backend)  # as load(): argument, EDGE_SDK_BACKEND, auto
+    check_bundle(bundle_dir, manifest, backend)
     spec = manifest.input
     x = np.random.default_rng(0).standard_normal(spec.shape).astype(np.float32)
     routes = {"dequantize": "fp32", "float": "fp32", "hybrid": "int8"}

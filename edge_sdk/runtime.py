@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from edge_sdk.backends import interpreter_class
+from edge_sdk.backends import check_bundle, interpreter_class
 from edge_sdk.bundle import Configuration, Manifest, read_manifest, resolve_file
 from edge_sdk.errors import BudgetError, InputError
 from edge_sdk.policy import Budget, MemoryProbe, Policy
@@ -56,7 +56,8 @@ class EdgeModel:
                  threads: int | None = None,
                  target_accuracy: float = 0.95, policy: str = "best", strict: bool = False,
                  memory_reader: Callable[[], float] | None = None,
-                 memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter):
+                 memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter,
+                 backend: str | None = None):
         self.bundle_dir = Path(bundle_dir)
         self.manifest: Manifest = read_manifest(self.bundle_dir, verify=True)  # sha256 first
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
@@ -77,7 +78,8 @@ class EdgeModel:
         self.target_accuracy, self.policy_name, self.strict = target_accuracy, policy, strict
         self._target_key = key
         self.threads = threads
-        self._interp_cls, self.backend = interpreter_class()
+        self._interp_cls, self.backend = interpreter_class(backend)  # BackendError if none
+        check_bundle(self.bundle_dir, self.manifest, self.backend)  # nothing it answers wrongly
         self.profile, self.latency_source, priors = self._priors(profile)
         self.policy = Policy(self.manifest.configurations, MemoryProbe(memory_reader),
                              priors=priors)
@@ -347,6 +349,8 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
     has measured it: "auto" (a measured profile cached by ``edge-sdk profile`` for this bundle
     and host, else the manifest's host measurements), a built-in device profile name
     (``raspberry_pi_4``, ...), a profile YAML path, or None (manifest only). ``threads`` is
-    the interpreter thread count (None: the runtime's default).
+    the interpreter thread count (None: the runtime's default). ``backend`` picks the TFLite
+    interpreter: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
+    installed, LiteRT first); a bundle the backend would answer wrongly raises BackendError.
     """
     return EdgeModel(bundle_dir, profile=profile, threads=threads, **kwargs)

@@ -1,23 +1,180 @@
-"""TFLite interpreter backends, tried in order: LiteRT (``ai-edge-litert``, the base dependency),
-then ``tflite-runtime`` (the fallback extra for platforms without LiteRT wheels)."""
+"""TFLite interpreter backends: LiteRT (``ai-edge-litert``, a base dependency where it has wheels)
+and ``tflite-runtime`` (2.14, with numpy < 2).
+
+Which one runs: ``load(..., backend=...)``, else the ``EDGE_SDK_BACKEND`` environment variable,
+else ``auto`` = the first installed of LiteRT, tflite-runtime. With none usable, the first
+``load()`` raises :class:`BackendError` in one line saying what to install.
+
+A backend is also refused for a bundle it is known to compute wrongly, rather than letting it
+answer: :func:`check_bundle` reads the operators of every file (:mod:`.tflite_model`) against
+:data:`KNOWN_WRONG`. And a model its op resolver does not know (a too-new op version) fails at
+interpreter creation as a :class:`BackendError` naming the file, not as a bare ``ValueError``.
+"""
 from __future__ import annotations
 
+import difflib
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from edge_sdk.backends.tflite_model import FULLY_CONNECTED, OpInfo, read_ops_file
 from edge_sdk.errors import EdgeSdkError
 
-_CANDIDATES = (("ai_edge_litert.interpreter", "litert"), ("tflite_runtime.interpreter", "tflite-runtime"))
+ENV_VAR = "EDGE_SDK_BACKEND"
+BACKENDS = ("litert", "tflite-runtime")  # the order ``auto`` tries them in
+_MODULES = {"litert": "ai_edge_litert", "tflite-runtime": "tflite_runtime"}
+_ALIASES = {"ai-edge-litert": "litert", "tflite": "tflite-runtime"}
+# what to install, from the wheels each project publishes (checked for ai-edge-litert 2.3.0 and
+# tflite-runtime 2.14.0)
+INSTALL = {
+    "litert": "pip install ai-edge-litert==2.3.0 (wheels for Linux x86_64/aarch64, macOS arm64, "
+              "Windows amd64; Python 3.10-3.14)",
+    "tflite-runtime": "pip install tflite-runtime==2.14.0 'numpy<2' (wheels for Linux "
+                      "x86_64/aarch64; Python <= 3.11)",
+}
 
 
-def interpreter_class() -> tuple[Any, str]:
-    """(Interpreter class, backend name) of the first backend that imports."""
-    import importlib
+class BackendError(EdgeSdkError):
+    """No usable TFLite interpreter, or a model the chosen one cannot run correctly."""
 
-    errors = []
-    for module, name in _CANDIDATES:
+
+def _hybrid_per_channel_fully_connected(op: OpInfo) -> bool:
+    x, w = (op.inputs + (None, None))[:2]
+    return (op.code == FULLY_CONNECTED and x is not None and w is not None
+            and x.type == "float32" and w.type == "int8" and w.scales > 1)
+
+
+# (backend, which operators, why): measured, not guessed (tests/edge_sdk/test_backends.py keeps
+# the measurement). tflite-runtime 2.14.0's hybrid FULLY_CONNECTED (int8 per-channel weights, float
+# activations; the exporter's --weights hybrid) answers with errors as large as the outputs at op
+# versions below 11, and its op resolver stops at version 10, so the correct marking (12) does not
+# load. LiteRT 2.3.0 computes it correctly at every version.
+KNOWN_WRONG: tuple[tuple[str, Callable[[OpInfo], bool], str], ...] = (
+    ("tflite-runtime", _hybrid_per_channel_fully_connected,
+     "FULLY_CONNECTED with per-channel int8 weights on float inputs (--weights hybrid), which "
+     "tflite-runtime 2.14 computes wrongly below op version 11 and cannot load from version 11 on"),
+)
+
+
+def resolve_name(backend: str | None = None) -> str:
+    """``auto`` or a backend name, from ``backend``, else ``EDGE_SDK_BACKEND``, else ``auto``."""
+    source = "backend"
+    if backend is None:
+        backend, source = os.environ.get(ENV_VAR, "").strip() or "auto", ENV_VAR
+    if not isinstance(backend, str):
+        raise BackendError(f"backend must be a string (auto, {', '.join(BACKENDS)}), got "
+                           f"{type(backend).__name__}")
+    name = backend.strip().lower().replace("_", "-")
+    name = _ALIASES.get(name, name)
+    if name == "auto" or name in BACKENDS:
+        return name
+    close = difflib.get_close_matches(name, ("auto",) + BACKENDS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise BackendError(f"{source} must be auto, {' or '.join(BACKENDS)}, got {backend!r}{hint}")
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(_MODULES[name]) is not None
+
+
+def _import(name: str) -> Any:
+    """The backend's Interpreter class; BackendError (one line) when it cannot be used here."""
+    module = _MODULES[name]
+    if not _installed(name):
+        raise BackendError(f"{name} is not installed: {INSTALL[name]}")
+    if name == "tflite-runtime":
+        # tflite-runtime is built against NumPy 1.x: next to numpy 2 its import fails after a
+        # screenful of warnings, so say why before trying
+        import numpy
+
+        if int(numpy.__version__.split(".")[0]) >= 2:
+            raise BackendError(f"tflite-runtime needs numpy < 2 (built against NumPy 1.x), found "
+                               f"numpy {numpy.__version__}: pip install 'numpy<2'")
+    try:
+        return importlib.import_module(f"{module}.interpreter").Interpreter
+    except (ImportError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BackendError(f"{name} is installed but does not import ({first}): "
+                           f"{INSTALL[name]}") from e
+
+
+def _guarded(cls: Any, name: str) -> Any:
+    """``cls`` whose construction turns the op resolver's ValueError (an op or op version this
+    backend does not know) into a one-line BackendError naming the file."""
+
+    class Interpreter(cls):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                super().__init__(*args, **kwargs)
+            except ValueError as e:
+                what = Path(kwargs["model_path"]).name if kwargs.get("model_path") else "a model"
+                first = str(e).strip().splitlines()[0] if str(e).strip() else "ValueError"
+                raise BackendError(f"{name} cannot run {what}: {first}") from e
+
+    Interpreter.__qualname__ = Interpreter.__name__ = cls.__name__
+    Interpreter.__module__ = cls.__module__
+    return Interpreter
+
+
+def interpreter_class(backend: str | None = None) -> tuple[Any, str]:
+    """(Interpreter class, backend name) of the chosen backend: ``backend``, else
+    ``EDGE_SDK_BACKEND``, else (``auto``) the first of LiteRT, tflite-runtime that is usable."""
+    choice = resolve_name(backend)
+    if choice != "auto":
+        return _guarded(_import(choice), choice), choice
+    reasons = []
+    for name in BACKENDS:
         try:
-            return importlib.import_module(module).Interpreter, name
-        except ImportError as e:
-            errors.append(f"{module}: {e}")
-    raise EdgeSdkError("no TFLite interpreter is installed; install edge-sdk (ai-edge-litert) "
-                       "or edge-sdk[tflite-runtime]. Tried: " + "; ".join(errors))
+            return _guarded(_import(name), name), name
+        except BackendError as e:
+            reasons.append(str(e) if _installed(name) else f"{name} is not installed")
+    raise BackendError("no usable TFLite interpreter: " + "; ".join(reasons) + ". Install one: "
+                       + "; or ".join(INSTALL.values()) + " (README 'Backends')")
+
+
+def available() -> list[str]:
+    """The backends that are installed (not necessarily importable), in ``auto`` order."""
+    return [name for name in BACKENDS if _installed(name)]
+
+
+def unrunnable(path: str | Path, backend: str) -> list[str]:
+    """Why ``backend`` cannot run the model at ``path`` correctly (empty: nothing known).
+    Reads the file only when a rule exists for this backend."""
+    rules = [(match, why) for b, match, why in KNOWN_WRONG if b == backend]
+    if not rules:
+        return []
+    found = []
+    for op in read_ops_file(path):
+        for match, why in rules:
+            if match(op) and f"{why} (here version {op.version})" not in found:
+                found.append(f"{why} (here version {op.version})")
+    return found
+
+
+def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str) -> None:
+    """Refuse (BackendError) a bundle holding a configuration ``backend`` would answer wrongly,
+    naming the configurations and what to do instead."""
+    if not any(b == backend for b, _, _ in KNOWN_WRONG):
+        return
+    from edge_sdk.bundle import resolve_file
+
+    bad: dict[str, list[str]] = {}
+    reasons: dict[str, list[str]] = {}
+    for c in manifest.configurations:
+        for f in c.files:
+            if f.name not in reasons:
+                reasons[f.name] = unrunnable(resolve_file(bundle_dir, f.name), backend)
+            for why in reasons[f.name]:
+                bad.setdefault(why, [])
+                if c.id not in bad[why]:
+                    bad[why].append(c.id)
+    if bad:
+        why, ids = next(iter(bad.items()))
+        others = [b for b in BACKENDS if b != backend]
+        raise BackendError(
+            f"{bundle_dir}: backend {backend} cannot run configuration(s) {', '.join(ids)} "
+            f"correctly: {why}; load it with backend={others[0]!r} ({ENV_VAR}={others[0]}) or "
+            f"re-export with --weights dequantize")
