@@ -93,6 +93,7 @@ class EdgeModel:
         self._scale = (1.0 / std).astype(np.float32)  # (raw - mean) / std as one multiply-add
         self._shift = (-np.asarray(spec.mean, np.float32) / std).astype(np.float32)
         self._want = tuple(spec.shape[1:])
+        self._grey = self._want[:2] if self._want[2] == 1 else None  # [H, W] is accepted too
         lo, hi = spec.value_range
         self._lo = lo - 1e-6 * max(1.0, abs(lo))
         self._hi = hi + 1e-6 * max(1.0, abs(hi))
@@ -141,7 +142,8 @@ class EdgeModel:
 
     def predict(self, x, budget: Budget | None = None, *, config_id: str | None = None
                 ) -> Prediction:
-        """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis). ``config_id``
+        """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
+        also takes ``[H, W]``, the channel axis added as for training data). ``config_id``
         pins a configuration (benchmarks, debugging) instead of letting the policy choose."""
         x = self._prepare(x, "x")
         if config_id is not None:
@@ -159,9 +161,12 @@ class EdgeModel:
         except ValueError as e:  # ragged nesting
             raise InputError(f"xs must be an array of shape [N, {', '.join(map(str, want))}]; "
                              f"got a ragged sequence ({e})") from e
+        if self._grey and xs.ndim == len(want) and xs.shape[1:] == self._grey:
+            xs = xs[..., None]  # grey [N, H, W]
         if xs.ndim != len(want) + 1 or xs.shape[0] == 0:
-            raise InputError(f"xs must have shape [N, {', '.join(map(str, want))}] with N >= 1, "
-                             f"got {list(xs.shape)}")
+            raise InputError(f"xs must have shape [N, {', '.join(map(str, want))}] with N >= 1"
+                             + (f" (or [N, {', '.join(map(str, self._grey))}] for grey images)"
+                                if self._grey else "") + f", got {list(xs.shape)}")
         return [self.predict(x, budget) for x in xs]
 
     # ---- internals -------------------------------------------------------------------------
@@ -173,8 +178,11 @@ class EdgeModel:
             raise InputError(f"{what} must be an array of shape {list(want)} (NHWC, one sample);"
                              f" got something that is not array-like ({e})") from e
         if arr.shape != want:
-            raise InputError(f"{what} must have shape {list(want)} (NHWC, one sample), got "
-                             f"{list(arr.shape)}")
+            if arr.shape != self._grey:
+                raise InputError(f"{what} must have shape {list(want)} (NHWC, one sample"
+                                 + (f"; or {list(self._grey)} for a grey image" if self._grey
+                                    else "") + f"), got {list(arr.shape)}")
+            arr = arr[..., None]  # grey [H, W]: the channel axis, as for training data
         if arr.dtype.kind not in "uif" or arr.dtype == np.bool_:
             raise InputError(f"{what} must be numeric (uint8 or float), got dtype {arr.dtype}")
         # min and max propagate NaN and expose +-inf, so one pass each checks finiteness too;

@@ -187,7 +187,7 @@ def expect(match: str):
 
 
 @given(shape=hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=9).filter(
-    lambda s: s != SHAPE))
+    lambda s: s not in (SHAPE, SHAPE[:2])))  # [8, 8]: a grey image, accepted
 def test_wrong_shape_is_an_input_error(model, shape):
     with expect(r"shape \[8, 8, 1\]") as info:
         model.predict(np.ones(shape, np.float32))
@@ -277,6 +277,22 @@ def test_predict_batch_validates_its_batch(model, xs):
     bad[1, 0, 0, 0] = np.nan
     with expect("NaN"):
         model.predict_batch(bad)
+
+
+def test_grey_images_without_the_channel_axis_answer_alike(model, manifest, xs):
+    assert SHAPE[-1] == 1, "a grey model"
+    for c in manifest.configurations:
+        for x in xs[:4]:
+            a, b = model.predict(x[..., 0], config_id=c.id), model.predict(x, config_id=c.id)
+            assert (a.label, a.config_id) == (b.label, b.config_id)
+            np.testing.assert_allclose(a.probs, b.probs, rtol=0, atol=1e-6)
+    batch = model.predict_batch(xs[:6, ..., 0])  # [N, H, W]
+    assert [p.label for p in batch] == [p.label for p in model.predict_batch(xs[:6])]
+    assert model.predict(xs[0, ..., 0].tolist()).label == batch[0].label  # nested lists too
+    with expect(r"or \[8, 8\] for a grey image\), got \[8, 7\]"):
+        model.predict(xs[0, :, :7, 0])
+    with expect(r"or \[N, 8, 8\] for grey images"):
+        model.predict_batch(xs[:2, :, :7, 0])
 
 
 def test_predict_batch_ragged_list_is_an_input_error(model):
