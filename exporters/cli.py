@@ -11,6 +11,16 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
 
 
+def _quiet_interpreter_log() -> None:
+    """The exporters run LiteRT directly (exporters.measure): spend its once-per-process
+    XNNPACK INFO line out of sight, as edge_sdk's backends do for the device commands."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edge_sdk.backends import quiet_delegate_banner
+
+    quiet_delegate_banner(Interpreter)
+
+
 def export_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="edge-sdk export",
@@ -46,6 +56,8 @@ def export_main(argv: list[str]) -> int:
         p.error("--samples must be >= 1")
 
     from exporters.export import ExportOptions, export_bundle
+
+    _quiet_interpreter_log()
 
     opts = ExportOptions(widths=args.widths, samples=args.samples,
                          scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
@@ -84,6 +96,8 @@ def report_main(argv: list[str]) -> int:
         p.error("--max-eval must be >= 1")
 
     from exporters.report import write_report
+
+    _quiet_interpreter_log()
 
     write_report(args.bundle, args.out, eval_data=args.eval_data, ood_data=args.ood_data,
                  trace=args.trace, max_eval=args.max_eval)

@@ -12,10 +12,14 @@ interpreter creation as a :class:`BackendError` naming the file, not as a bare `
 """
 from __future__ import annotations
 
+import base64
 import difflib
 import importlib
 import importlib.util
 import os
+import sys
+import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,9 +105,56 @@ def _import(name: str) -> Any:
                            f"{INSTALL[name]}") from e
 
 
+# The XNNPACK delegate logs "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." to fd 2 (from
+# C++; TF_CPP_MIN_LOG_LEVEL does not reach it, measured) once per process, at the first
+# allocate_tensors(). quiet_delegate_banner() spends that once on this one-operator model
+# (y = x + x, 448 bytes, written by exporters.tflite.GraphBuilder) with fd 2 captured.
+_BANNER = b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
+_ONE_OP_MODEL = base64.b64decode(
+    "HAAAAFRGTDMUABwAGAAUABAADAAIAAAAAAAEABQAAAAYAAAAkAAAAJgAAACcAAAAgAEAAAMAAAABAAAAEAAAAAAA"
+    "CgAQAAwACAAEAAoAAAAMAAAAHAAAADwAAAAPAAAAc2VydmluZ19kZWZhdWx0AAEAAAAMAAAACAAMAAgABAAIAAAA"
+    "AQAAAAQAAAABAAAAeQAAAAEAAAAMAAAAAAAGAAgABAAGAAAABAAAAAEAAAB4AAAAAQAAAAQAAAAE////AAAAAAAA"
+    "AAABAAAAFAAAAAAADgAYABQAEAAMAAgABAAOAAAAFAAAABwAAABcAAAAYAAAAGQAAAAEAAAAbWFpbgAAAAABAAAA"
+    "FAAAAAAADgAUAAAAEAAMAAsABAAOAAAAEAAAAAAAAAsMAAAAEAAAAHj///8BAAAAAQAAAAIAAAAAAAAAAAAAAAEA"
+    "AAABAAAAAQAAAAAAAAACAAAANAAAAAQAAADg////CAAAAAwAAAABAAAAeQAAAAIAAAABAAAAAQAAAAwADAAIAAAA"
+    "AAAEAAwAAAAIAAAADAAAAAEAAAB4AAAAAgAAAAEAAAABAAAAAQAAAAgAAAAEAAQABAAAAA==")
+_quieted: set[str] = set()
+_quiet_lock = threading.Lock()
+
+
+def quiet_delegate_banner(cls: Any) -> None:
+    """Create and allocate a throwaway interpreter of ``cls`` with fd 2 captured, once per
+    process and backend module, so the delegate's INFO line is not printed on every CLI call;
+    anything else written to fd 2 meanwhile is passed on. Best effort: never raises."""
+    with _quiet_lock:
+        if cls.__module__ in _quieted:
+            return
+        _quieted.add(cls.__module__)
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 (e.g. pythonw): nothing printed
+            return
+        with tempfile.TemporaryFile() as captured:
+            try:
+                os.dup2(captured.fileno(), 2)
+                try:
+                    cls(model_content=_ONE_OP_MODEL, num_threads=1).allocate_tensors()
+                except Exception:  # a backend that cannot run it has nothing to quieten
+                    pass
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            captured.seek(0)
+            rest = captured.read().replace(_BANNER, b"")
+        while rest:
+            rest = rest[os.write(2, rest):]
+
+
 def _guarded(cls: Any, name: str) -> Any:
     """``cls`` whose construction turns the op resolver's ValueError (an op or op version this
     backend does not know) into a one-line BackendError naming the file."""
+    quiet_delegate_banner(cls)
 
     class Interpreter(cls):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
