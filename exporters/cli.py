@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
 
 def _floats(text: str) -> list[float]:
@@ -58,15 +60,30 @@ def export_main(argv: list[str]) -> int:
     from exporters.export import ExportOptions, export_bundle
 
     _quiet_interpreter_log()
-
     opts = ExportOptions(widths=args.widths, samples=args.samples,
                          scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
                          weights=args.weights, measure=not args.no_measure, force=args.force,
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
                          max_eval=args.max_eval, device=args.device)
-    print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_calibration_warning(warnings.showwarning)
+        print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))
     return 0
+
+
+def _one_line_calibration_warning(show):
+    """A CalibrationWarning is advice about the user's data, not about our code: printed as one
+    ``warning: ...`` line without a source location; other warnings go to ``show``."""
+    from exporters.calibrate import CalibrationWarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CalibrationWarning):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return showwarning
 
 
 def report_main(argv: list[str]) -> int:

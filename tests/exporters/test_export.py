@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,8 @@ torch.set_num_threads(1)
 
 from edge_sdk.bundle import read_manifest  # noqa: E402
 from edge_sdk.errors import BundleError, ConfigError  # noqa: E402
-from exporters.calibrate import (confidence_thresholds, fit_temperature,  # noqa: E402
-                                 predictive_probs)
+from exporters.calibrate import (MIN_CALIBRATION_SAMPLES, CalibrationWarning,  # noqa: E402
+                                 confidence_thresholds, fit_temperature, predictive_probs)
 from exporters.export import ExportOptions, export_bundle  # noqa: E402
 from exporters.measure import latency_ms, memory_mb, run_tflite  # noqa: E402
 from exporters.slice import (make_slice, posterior_kind, posterior_samples,  # noqa: E402
@@ -341,6 +342,21 @@ def test_temperature_lowers_nll_for_sampled_logits():
     np.testing.assert_allclose(predictive_probs(logits, t), mean_at(t), atol=1e-12)
 
 
+def test_too_few_validation_samples_warn():
+    z, y = _calibrated(n=17, seed=3)
+    with pytest.warns(CalibrationWarning, match=r"only 17 validation samples .*fewer than 100"):
+        fit_temperature(5 * z, y)
+
+
+def test_the_digits_validation_split_does_not_warn():
+    val = load_data(load_config("digits").data).val
+    assert len(val) == 179 >= MIN_CALIBRATION_SAMPLES  # the demo's validation split
+    z, y = _calibrated(n=len(val), seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)
+        fit_temperature(z, y)
+
+
 def _rows(confidences, correct):
     """Two-class probability rows with the given max and labels making them right or wrong."""
     probs = np.array([[c, 1 - c] for c in confidences])
@@ -571,6 +587,10 @@ def test_cli_export(checkpoints, workdir):
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert Path(last).resolve() == out.resolve()
+    # --max-eval 20 leaves 20 validation samples: said once, in one line, for all configurations
+    warned = [ln for ln in r.stderr.splitlines() if "validation samples" in ln]
+    assert warned == [warned[0]] and warned[0].startswith("warning: only 20 validation samples")
+    assert "CalibrationWarning" not in r.stderr and "XNNPACK" not in r.stderr, r.stderr
     manifest = read_manifest(out, verify=True)
     assert list(manifest.ids) == ["w1.00-point", "w1.00-head2"]
     for c in manifest.configurations:  # noise against digits: an easy OOD task
