@@ -22,7 +22,7 @@ def _read_input(path: str, spec) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError as e:
-        raise InputError(f"reading {p.suffix} images needs Pillow: pip install 'edge-sdk[image]' "
+        raise InputError(f"reading {p.suffix} images needs Pillow: pip install 'nested-edge-sdk[image]' "
                          "(or pass a .npy array)") from e
     _, h, w, c = spec.shape
     img = Image.open(p).convert("L" if c == 1 else "RGB").resize((w, h))

@@ -187,7 +187,7 @@ class ReliabilityBins:
                 import matplotlib.pyplot as plt
             except ImportError as exc:
                 raise ImportError(
-                    "ReliabilityBins.plot needs matplotlib: pip install 'edge-sdk[train]'"
+                    "ReliabilityBins.plot needs matplotlib: pip install matplotlib"
                 ) from exc
             _, ax = plt.subplots(figsize=(4, 4))
         filled = self.counts > 0

@@ -416,7 +416,7 @@ def _figure(**kwargs):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ImportError("edge-sdk report needs matplotlib: pip install 'edge-sdk[train]'") \
+        raise ImportError("edge-sdk report needs matplotlib: pip install matplotlib") \
             from exc
     fig = Figure(**kwargs)
     FigureCanvasAgg(fig)

@@ -299,7 +299,7 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
-        raise DataError("the digits source needs scikit-learn: pip install 'edge-sdk[train]'") from exc
+        raise DataError("the digits source needs scikit-learn: pip install scikit-learn") from exc
     d = load_digits()
     return d.images, d.target.astype(np.int64)
 
