@@ -4,6 +4,11 @@ Subcommands are registered by each package in the ``edge_sdk.commands`` entry-po
 are imported only when invoked, so device-side commands work without the workstation
 packages (torch) installed, and listing commands never imports any of them. Each entry
 point resolves to ``fn(argv: list[str]) -> int | None`` that parses its own arguments.
+
+The device wheel (``nested-edge-sdk``) registers run / bench / profile; the workstation wheel
+(``nested-edge-sdk-workstation``) adds train / quantize / export / report / demo. On a device
+install those are listed and answered with the one line that says how to get them (exit 2,
+nothing imported, nothing written).
 """
 from __future__ import annotations
 
@@ -18,7 +23,13 @@ from edge_sdk.errors import EdgeSdkError
 
 ENTRY_POINT_GROUP = "edge_sdk.commands"
 PROG = "edge-sdk"
-_INSTALL_HINT = "pip install 'edge-sdk[train]'"
+DEVICE_DIST = "nested-edge-sdk"
+WORKSTATION_DIST = "nested-edge-sdk-workstation"
+WORKSTATION_INSTALL = f"pip install '{WORKSTATION_DIST}'"
+# The workstation wheel's commands (packaging/workstation/pyproject.toml; a test keeps the two
+# in step), named here so that a device install can say where they come from.
+WORKSTATION_COMMANDS = ("train", "quantize", "export", "report", "demo")
+_NEEDS_WORKSTATION = f"needs the workstation install: {WORKSTATION_INSTALL}"
 
 
 class CommandEntryPoint(Protocol):
@@ -32,11 +43,19 @@ def command_entry_points() -> Mapping[str, CommandEntryPoint]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _missing_workstation(names: Sequence[str]) -> list[str]:
+    """The workstation commands this install does not register."""
+    return sorted(set(WORKSTATION_COMMANDS) - set(names))
+
+
 def _usage(names: Sequence[str]) -> str:
     listing = "\n".join(f"  {name}" for name in names) or (
-        f"  (none registered; is edge-sdk installed? Commands come from the "
+        f"  (none registered; is {DEVICE_DIST} installed? Commands come from the "
         f"'{ENTRY_POINT_GROUP}' entry points)"
     )
+    missing = _missing_workstation(names)
+    width = max(map(len, missing), default=0)
+    listing += "".join(f"\n  {name:<{width}}  {_NEEDS_WORKSTATION}" for name in missing)
     return (
         f"usage: {PROG} <command> [arguments...]\n"
         f"       {PROG} --version\n\n"
@@ -48,7 +67,7 @@ def _usage(names: Sequence[str]) -> str:
 def _unknown_command(name: str, names: Sequence[str]) -> str:
     available = ", ".join(names) or "none registered"
     message = f"{PROG}: unknown command '{name}'; available commands: {available}"
-    close = difflib.get_close_matches(name, names, n=1)
+    close = difflib.get_close_matches(name, [*names, *_missing_workstation(names)], n=1)
     return message + (f" (did you mean '{close[0]}'?)" if close else "")
 
 
@@ -72,17 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: unknown option '{name}'\n{_usage(names)}", file=sys.stderr)
         return 2
     if name not in commands:
-        print(_unknown_command(name, names), file=sys.stderr)
+        if name in WORKSTATION_COMMANDS:  # a device install: say how to get it, touch nothing
+            print(f"{PROG}: '{name}' {_NEEDS_WORKSTATION}", file=sys.stderr)
+        else:
+            print(_unknown_command(name, names), file=sys.stderr)
         return 2
 
     try:
         command: Callable[[list[str]], int | None] = commands[name].load()
     except ImportError as exc:
-        print(
-            f"{PROG}: the '{name}' command could not be loaded ({exc}).\n"
-            f"It needs the workstation extras: {_INSTALL_HINT}",
-            file=sys.stderr,
-        )
+        hint = f"; it {_NEEDS_WORKSTATION}" if name in WORKSTATION_COMMANDS else ""
+        print(f"{PROG}: the '{name}' command could not be loaded ({exc}){hint}", file=sys.stderr)
         return 2
 
     try:

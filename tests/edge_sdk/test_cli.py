@@ -114,8 +114,45 @@ def test_import_error_on_load_gives_install_hint(
     err = capsys.readouterr().err
     assert "'train'" in err
     assert "No module named 'torch'" in err
-    assert "pip install 'edge-sdk[train]'" in err
-    assert "Traceback" not in err
+    assert f"needs the workstation install: {cli.WORKSTATION_INSTALL}" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_device_install_help_names_the_workstation_commands_and_how_to_get_them(
+    register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = register(run=_must_not_load(), bench=_must_not_load(), profile=_must_not_load())
+    assert cli.main(["--help"]) == 0
+    lines = capsys.readouterr().out.split("commands:")[1].splitlines()
+    assert [line.strip() for line in lines if line.strip() in commands] == ["bench", "profile", "run"]
+    hinted = {line.split()[0] for line in lines
+              if line.endswith(f"needs the workstation install: {cli.WORKSTATION_INSTALL}")}
+    assert hinted == set(cli.WORKSTATION_COMMANDS) == {"train", "quantize", "export", "report", "demo"}
+    assert cli.WORKSTATION_INSTALL == "pip install 'nested-edge-sdk-workstation'"
+
+
+@pytest.mark.parametrize("name", ["train", "quantize", "export", "report", "demo"])
+def test_workstation_command_on_a_device_install_is_one_line_exit_2_and_writes_nothing(
+    name: str, register: Register, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands = register(run=_must_not_load(), bench=_must_not_load(), profile=_must_not_load())
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([name, "ckpt.pt", "--out", "out"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"edge-sdk: '{name}' needs the workstation install: "
+                            f"pip install 'nested-edge-sdk-workstation'\n")
+    assert list(tmp_path.iterdir()) == [] and not any(ep.loaded for ep in commands.values())
+
+
+def test_a_device_command_that_fails_to_import_gets_no_workstation_hint(
+    register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    register(run=FakeEntryPoint(ModuleNotFoundError("No module named 'numpy'", name="numpy")))
+    assert cli.main(["run", "bundle"]) == 2
+    err = capsys.readouterr().err
+    assert "could not be loaded (No module named 'numpy')" in err and "workstation" not in err
 
 
 def test_edge_sdk_error_is_reported_without_traceback(
