@@ -6,11 +6,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install wheels bench clean
 
-$(STAMP): pyproject.toml
+# Both wheels' projects, editable: the device runtime (this directory, with the test tools) and
+# the workstation (packaging/workstation: trainer, exporters, demos, torch), which pip resolves
+# against the editable device project, so nothing of ours is fetched from the package index.
+$(STAMP): pyproject.toml packaging/workstation/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --no-compile -q -e '.[train,dev]'
+	$(PIP) install --no-compile -q -e '.[dev]' -e ./packaging/workstation
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,8 +24,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# dist/nested_edge_sdk-*.whl (device) and dist/nested_edge_sdk_workstation-*.whl, offline
+wheels: $(STAMP)
+	rm -f dist/nested_edge_sdk-*.whl dist/nested_edge_sdk_workstation-*.whl
+	$(PY) packaging/build_wheels.py dist
+
 bench: $(STAMP)
 	$(PY) benchmarks/train_speed.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache dist build *.egg-info packaging/workstation/*.egg-info
