@@ -4,18 +4,23 @@
 state) into ``<bundle>/../<bundle name>-report/`` or ``out_dir``:
 
 - ``reliability.png``: a reliability diagram per configuration (rows: scopes, columns: widths),
-  after temperature scaling: accuracy per equal-width confidence bin against the diagonal;
-- ``width.png``: test accuracy and ECE against width, one line per scope (ECE at T = 1 dashed);
+  after temperature scaling: accuracy per equal-width confidence bin against the diagonal, bins
+  with few samples drawn pale;
+- ``width.png``: test accuracy and ECE against width, one line per scope (ECE at T = 1 dashed),
+  coinciding lines kept visible (each later scope thinner, on top);
 - ``risk_coverage.png``: accuracy of the accepted predictions against coverage (the fraction
   accepted) when abstaining below a confidence, one panel per scope, one line per width, with
   the manifest's exported threshold for each target accuracy marked on its curve;
 - ``trace.png`` (only with a budget trace from the demo, :func:`plot_trace`): latency per call
-  against the latency budget, the chosen width and samples, the memory budget and the
-  confidence per call, with the trace's phases shaded and labelled.
+  against the latency budget, the chosen width and samples, the memory the chosen
+  configuration uses against the memory budget and the confidence per call, with the trace's
+  phases shaded and labelled.
 
 The report's tables: every configuration as exported (the manifest's test metrics, MACs,
-.tflite bytes, unique weight values, host latency and memory, temperature), the same quality
-numbers recomputed here, and what each exported threshold does on the evaluation data.
+.tflite bytes, unique weight values, host latency and memory, temperature); the quality
+numbers recomputed here (on the manifest's own data only those the first table lacks, with the
+largest disagreement stated); what each exported threshold does on the evaluation data; the
+trace per phase, budgets to 3 significant digits.
 
 Per-sample numbers come from running each configuration's ``.tflite`` files in the LiteRT
 interpreter on the evaluation data, exactly as the exporter measured them: logits / the
@@ -42,6 +47,7 @@ import numpy as np
 from edge_sdk import metrics as M
 from edge_sdk.bundle import SCOPES, Configuration, Manifest, read_manifest, resolve_file
 from edge_sdk.errors import BundleError, ConfigError, DataError, EdgeSdkError, InputError
+from edge_sdk.policy import Policy
 
 __all__ = [
     "ConfigResult",
@@ -62,6 +68,11 @@ __all__ = [
 REPORT_NAME = "report.md"
 DPI = 110
 _MARKERS = ("o", "s", "^", "D", "v", "P")
+FEW_BIN_SAMPLES = 20  # reliability bins with fewer samples are drawn pale
+# width plot, per scope in drawing order: each later line thinner with a smaller marker on top
+_SCOPE_STYLE = ({"lw": 4.0, "marker": "o", "ms": 10, "mfc": "none", "mew": 2.0},
+                {"lw": 2.0, "marker": "s", "ms": 6},
+                {"lw": 1.0, "marker": "^", "ms": 4})
 
 
 class TraceError(DataError):
@@ -439,14 +450,21 @@ def _shade_phases(axes, records, steps) -> None:
                      ha="center", va="bottom", fontsize=8)
 
 
-def plot_trace(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+def plot_trace(records: Sequence[Mapping[str, Any]], path: str | os.PathLike,
+               memory_mb: Mapping[str, float] | None = None) -> Path:
     """The budget-trace figure, written to ``path`` (PNG); returns the path.
 
     Panels against the call step: latency per call (budget misses marked) with the latency
     budget as a step line; the chosen width (and posterior samples, right axis); the memory
-    budget; the confidence per call (correct / wrong / unlabelled). Phases are shaded and
-    labelled along the top.
+    the chosen configuration uses (``memory_mb``: MB per configuration id, e.g. the manifest's)
+    beside the memory budget; the confidence per call (correct / wrong / unlabelled). Phases
+    are shaded and labelled along the top.
     """
+    return _save(_trace_figure(records, memory_mb), Path(path))
+
+
+def _trace_figure(records: Sequence[Mapping[str, Any]],
+                  memory_mb: Mapping[str, float] | None = None):
     records = validate_trace(list(records))
     steps = np.array([r["step"] for r in records], dtype=float)
 
@@ -487,14 +505,25 @@ def plot_trace(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) ->
     wid.legend(handles=handles, loc="best", fontsize=8)
 
     memory = column("budget_memory_mb")
+    used = np.array([np.nan if memory_mb is None or memory_mb.get(r["config_id"]) is None
+                     else float(memory_mb[r["config_id"]]) for r in records])
+    if np.isfinite(used).any():
+        mem.step(steps, used, where="mid", color="tab:brown", lw=1.5,
+                 label="memory used (chosen configuration)")
     if np.isfinite(memory).any():
-        mem.step(steps, memory, where="mid", color="tab:orange", lw=1.5)
-        mem.set_ylim(bottom=0)
+        mem.step(steps, memory, where="mid", color="tab:orange", lw=1.5, ls="--",
+                 label="memory budget")
+    elif np.isfinite(used).any():
+        mem.text(0.01, 0.95, "no memory budget set", transform=mem.transAxes, ha="left",
+                 va="top", color="0.4", fontsize=8)
+    if np.isfinite(memory).any() or np.isfinite(used).any():
+        mem.set_ylim(bottom=0, top=1.15 * np.nanmax(np.concatenate([memory, used])))
+        mem.legend(loc="best", fontsize=8)
     else:
         mem.text(0.5, 0.5, "no memory budget set", transform=mem.transAxes, ha="center",
                  va="center", color="0.4")
         mem.set_yticks([])
-    mem.set_ylabel("memory budget (MB)")
+    mem.set_ylabel("memory (MB)")
 
     confidence = column("confidence")
     correct = [r["correct"] for r in records]
@@ -510,13 +539,34 @@ def plot_trace(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) ->
 
     _shade_phases(axes, records, steps)
     fig.suptitle("Budget trace: width chosen per call under a changing budget")
-    return _save(fig, Path(path))
+    return fig
 
 
 def _grid(manifest: Manifest) -> tuple[list[str], list[float]]:
     scopes = [s for s in SCOPES if any(c.scope == s for c in manifest.configurations)]
     widths = sorted({c.width for c in manifest.configurations})
     return scopes, widths
+
+
+def _reliability_cell(ax, bins: M.ReliabilityBins) -> None:
+    """One reliability diagram: accuracy per confidence bin against the diagonal, the gap to
+    the bin's mean confidence in red, the samples per bin as numbers. A bin with fewer than
+    :data:`FEW_BIN_SAMPLES` samples is drawn pale and hatched: its accuracy is noise (standard
+    error above ~0.1)."""
+    filled = np.nonzero(bins.counts)[0]
+    for k in filled:
+        few = bins.counts[k] < FEW_BIN_SAMPLES
+        left, width = bins.edges[k], bins.edges[k + 1] - bins.edges[k]
+        acc, conf = bins.accuracy[k], bins.confidence[k]
+        ax.bar(left, acc, width=width, align="edge", color="C0", alpha=0.25 if few else 1.0,
+               edgecolor="0.5" if few else "black", hatch="///" if few else None,
+               label=f"accuracy (< {FEW_BIN_SAMPLES} samples: pale)" if few else "accuracy")
+        ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="red",
+               alpha=0.08 if few else 0.3, edgecolor="red", label="gap to confidence")
+        ax.text(left + width / 2, 0.02, str(bins.counts[k]), ha="center", va="bottom",
+                fontsize=6, rotation=90, color="0.45" if few else "black")
+    ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="perfect calibration")
+    ax.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), xlabel="confidence", ylabel="accuracy")
 
 
 def plot_reliability(manifest: Manifest, results: Mapping[str, ConfigResult], labels: np.ndarray,
@@ -526,7 +576,7 @@ def plot_reliability(manifest: Manifest, results: Mapping[str, ConfigResult], la
     fig = _figure(figsize=(2.8 * len(widths) + 0.5, 2.9 * len(scopes) + 0.4), layout="constrained")
     axes = np.atleast_2d(fig.subplots(len(scopes), len(widths), squeeze=False))
     by_cell = {(c.scope, c.width): c for c in manifest.configurations}
-    handles: list = []
+    handles: dict[str, Any] = {}
     for i, scope in enumerate(scopes):
         for j, width in enumerate(widths):
             ax = axes[i, j]
@@ -535,27 +585,32 @@ def plot_reliability(manifest: Manifest, results: Mapping[str, ConfigResult], la
                 ax.axis("off")
                 continue
             bins = M.reliability_bins(results[config.id].probs, labels)
-            bins.plot(ax)
+            _reliability_cell(ax, bins)
             ax.set_title(f"{config.id}  ECE {bins.ece:.3f}", fontsize=9)
-            if ax.get_legend() is not None:
-                ax.get_legend().remove()
-            handles = handles or list(zip(*ax.get_legend_handles_labels()))
-            for k in np.nonzero(bins.counts)[0]:  # samples per bin: small bins are noisy
-                ax.text((bins.edges[k] + bins.edges[k + 1]) / 2, 0.02, str(bins.counts[k]),
-                        ha="center", va="bottom", fontsize=6, rotation=90)
+            for h, name in zip(*ax.get_legend_handles_labels()):  # one entry per kind
+                handles.setdefault(name, h)
             if j:
                 ax.set_ylabel("")
             if i < len(scopes) - 1:
                 ax.set_xlabel("")
     if handles:
-        fig.legend(*zip(*handles), loc="outside lower center", ncols=3, fontsize=8)
-    fig.suptitle("Reliability after temperature scaling (accuracy per confidence bin; "
-                 "numbers: samples in the bin)")
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncols=min(len(handles), max(2, len(widths))), fontsize=8)
+    fig.suptitle("Reliability after temperature scaling\n(accuracy per confidence bin; numbers: "
+                 f"samples in the bin; pale: fewer than {FEW_BIN_SAMPLES})", fontsize=10)
     return _save(fig, path)
 
 
 def plot_width(manifest: Manifest, results: Mapping[str, ConfigResult], path: Path) -> Path:
     """Accuracy and ECE against width, one line per scope (ECE at temperature 1 dashed)."""
+    return _save(_width_figure(manifest, results), path)
+
+
+def _width_figure(manifest: Manifest, results: Mapping[str, ConfigResult]):
+    """Scopes often score alike (the point and head slices share every layer but the last), so
+    their lines coincide: each scope drawn later is thinner, with a smaller marker, on top of
+    the earlier ones, which stay visible around it (the point line as a wide band with hollow
+    markers)."""
     scopes, _ = _grid(manifest)
     fig = _figure(figsize=(10, 4), layout="constrained")
     acc_ax, ece_ax = fig.subplots(1, 2)
@@ -563,14 +618,13 @@ def plot_width(manifest: Manifest, results: Mapping[str, ConfigResult], path: Pa
         cs = sorted((c for c in manifest.configurations if c.scope == scope),
                     key=lambda c: c.width)
         w = [c.width for c in cs]
-        color = f"C{k}"
+        style = {"color": f"C{k}", "zorder": 2 + k, **_SCOPE_STYLE[k % len(_SCOPE_STYLE)]}
         name = scope if scope == "point" else f"{scope} (S={cs[0].samples})"
-        acc_ax.plot(w, [results[c.id].metrics["accuracy"] for c in cs], marker="o", color=color,
-                    label=name)
-        ece_ax.plot(w, [results[c.id].metrics["ece"] for c in cs], marker="o", color=color,
-                    label=f"{name}, calibrated")
-        ece_ax.plot(w, [results[c.id].raw_metrics["ece"] for c in cs], marker="o", ls="--",
-                    color=color, alpha=0.6, label=f"{name}, T = 1")
+        acc_ax.plot(w, [results[c.id].metrics["accuracy"] for c in cs], label=name, **style)
+        ece_ax.plot(w, [results[c.id].metrics["ece"] for c in cs],
+                    label=f"{name}, calibrated", **style)
+        ece_ax.plot(w, [results[c.id].raw_metrics["ece"] for c in cs], ls="--", alpha=0.6,
+                    label=f"{name}, T = 1", **style)
     acc_ax.set(xlabel="width", ylabel="test accuracy", title="Accuracy against width")
     ece_ax.set(xlabel="width", ylabel="ECE (15 bins)", title="ECE against width")
     ece_ax.set_ylim(bottom=0)
@@ -578,7 +632,7 @@ def plot_width(manifest: Manifest, results: Mapping[str, ConfigResult], path: Pa
     ece_ax.legend(fontsize=7)
     for ax in (acc_ax, ece_ax):
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
 def plot_risk_coverage(manifest: Manifest, results: Mapping[str, ConfigResult],
@@ -677,25 +731,59 @@ def _manifest_table(manifest: Manifest) -> list[str]:
     return _table(header, rows)
 
 
+_SHARED_METRICS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier",
+                   "ood_auroc": "OOD AUROC"}  # the manifest table's quality columns
+
+
+def _largest_differences(manifest: Manifest, results: Mapping[str, ConfigResult]
+                         ) -> dict[str, float]:
+    """Per shared metric, the largest |recomputed - manifest| over the configurations."""
+    out: dict[str, float] = {}
+    for c in manifest.configurations:
+        exported = c.test.get("calibrated", {})
+        for key in _SHARED_METRICS:
+            a, b = results[c.id].metrics.get(key), exported.get(key)
+            if a is not None and b is not None:
+                out[key] = max(out.get(key, 0.0), abs(a - b))
+    return out
+
+
 def _recomputed_table(manifest: Manifest, results: Mapping[str, ConfigResult],
                       data: EvalData) -> list[str]:
+    """On the manifest's own data the quality columns would repeat the manifest table, so
+    only what it lacks is listed (their agreement is stated in the text); on other data,
+    every number is new."""
     has_ood = data.ood_x is not None
-    header = ["configuration", "accuracy", "NLL", "ECE", "ECE (T = 1)", "Brier",
-              "mean MI (nats)"] + (["OOD AUROC"] if has_ood else []) \
-        + (["Δ accuracy vs manifest"] if data.same_as_manifest else [])
+    full = not data.same_as_manifest
+    header = ["configuration"] + (["accuracy", "NLL", "ECE"] if full else []) \
+        + ["ECE (T = 1)"] + (["Brier"] if full else []) + ["mean MI (nats)"] \
+        + (["OOD AUROC"] if has_ood and full else [])
     rows = []
     for c in manifest.configurations:
         m = results[c.id].metrics
-        row = [f"`{c.id}`", _fmt(m["accuracy"]), _fmt(m["nll"]), _fmt(m["ece"]),
-               _fmt(results[c.id].raw_metrics["ece"]), _fmt(m["brier"]), _fmt(m["mutual_info"])]
-        if has_ood:
+        row = [f"`{c.id}`"] + ([_fmt(m["accuracy"]), _fmt(m["nll"]), _fmt(m["ece"])] if full
+                               else []) + [_fmt(results[c.id].raw_metrics["ece"])] \
+            + ([_fmt(m["brier"])] if full else []) + [_fmt(m["mutual_info"])]
+        if has_ood and full:
             row.append(_fmt(m.get("ood_auroc")))
-        if data.same_as_manifest:
-            exported = c.test.get("calibrated", {}).get("accuracy")
-            delta = None if exported is None else m["accuracy"] - exported
-            row.append("–" if delta is None else "0" if delta == 0 else f"{delta:+.1e}")
         rows.append(row)
     return _table(header, rows)
+
+
+def _agreement_line(manifest: Manifest, results: Mapping[str, ConfigResult]) -> str:
+    diffs = _largest_differences(manifest, results)
+    if not diffs:
+        return ""
+    worst = ", ".join(f"{_SHARED_METRICS[k]} {v:.1e}" if v else f"{_SHARED_METRICS[k]} 0"
+                      for k, v in diffs.items())
+    return (" On the same samples the manifest was measured on, the interpreter reproduces the "
+            f"table above (largest difference over the configurations: {worst}), so only the "
+            "numbers it lacks are listed.")
+
+
+def _budget(value: float) -> str:
+    """A budget as a person would set it: 3 significant digits (0.0107, not 0.0107421875)."""
+    return f"{value:.3g}"
 
 
 def _threshold_table(manifest: Manifest, results: Mapping[str, ConfigResult],
@@ -726,8 +814,8 @@ def _trace_table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = []
     for s in trace_summary(records):
         rows.append([s["phase"], str(s["calls"]),
-                     ", ".join(f"{b:g}" for b in s["latency_budgets_ms"]) or "none",
-                     ", ".join(f"{b:g}" for b in s["memory_budgets_mb"]) or "none",
+                     ", ".join(map(_budget, s["latency_budgets_ms"])) or "none",
+                     ", ".join(map(_budget, s["memory_budgets_mb"])) or "none",
                      ", ".join(f"{w:g}" for w in s["widths"]), f"{s['median_latency_ms']:.3f}",
                      f"{100 * s['budget_met']:.0f}%", _fmt(s["accuracy"], ".3f"),
                      f"{s['mean_confidence']:.3f}"])
@@ -773,7 +861,8 @@ def write_report(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike | Non
                "risk_coverage": plot_risk_coverage(manifest, results, data.y,
                                                    out / "risk_coverage.png")}
     if records is not None:
-        figures["trace"] = plot_trace(records, out / "trace.png")
+        figures["trace"] = plot_trace(records, out / "trace.png", memory_mb={
+            c.id: Policy.memory_need_mb(c) for c in manifest.configurations})
     for fig in figures.values():
         log(str(fig))
 
@@ -798,12 +887,13 @@ def write_report(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike | Non
              "evaluation data: softmax(logits / temperature) averaged over posterior samples. "
              "ECE: 15 equal-width confidence bins; OOD AUROC: predictive entropy as the score; "
              "MI: mutual information between prediction and posterior sample."
-             + (" Δ accuracy: recomputed minus the manifest's (same samples)."
-                if data.same_as_manifest else ""), "",
+             + (_agreement_line(manifest, results) if data.same_as_manifest else ""), "",
              *_recomputed_table(manifest, results, data), "",
              "## Calibration", "",
              "Reliability diagram per configuration: accuracy in each confidence bin against "
-             "the diagonal (perfect calibration); red: the gap to the bin's mean confidence.", "",
+             "the diagonal (perfect calibration); red: the gap to the bin's mean confidence; "
+             f"pale hatched bars: bins with fewer than {FEW_BIN_SAMPLES} samples, whose "
+             "accuracy is mostly noise.", "",
              "![reliability diagrams](reliability.png)", "",
              "## Accuracy and ECE against width", "",
              "![accuracy and ECE against width](width.png)", "",
@@ -819,7 +909,8 @@ def write_report(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike | Non
         lines += ["## Budget trace", "",
                   f"{len(records)} calls; the configuration chosen per call under the trace's "
                   "budgets (latency per call against the latency budget, chosen width and "
-                  "samples, memory budget, confidence).", "",
+                  "samples, memory the chosen configuration uses against the memory budget, "
+                  "confidence).", "",
                   "![budget trace](trace.png)", "", *_trace_table(records), ""]
     path = out / REPORT_NAME
     _atomic_write(path, "\n".join(lines).encode("utf-8"))

@@ -119,6 +119,117 @@ def test_report_lists_every_configuration_and_valid_figures(report, manifest):
         assert phase in text
 
 
+def _tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """(header, rows) of every Markdown table in ``text``."""
+    tables, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif block:
+            tables.append((block[0], block[2:]))
+            block = []
+    return tables
+
+
+def test_report_md_prints_no_table_twice(report, manifest):
+    text = report[0].read_text(encoding="utf-8")
+    tables = _tables(text)
+    headers = [tuple(h) for h, _ in tables]
+    assert len(set(headers)) == len(headers), headers
+    # on the manifest's own data, each quality number is printed once: in the manifest table
+    per_config = [h for h in headers if h[0] == "configuration"]
+    for column in ("accuracy", "NLL", "ECE", "Brier"):
+        assert sum(column in h for h in per_config) == 1, (column, per_config)
+    cells = [(row[0], h[i]) for h, rows in tables for row in rows for i in range(1, len(h))]
+    assert len(cells) == len(set(cells))  # no (configuration, column) pair twice
+    assert "reproduces the table above (largest difference over the configurations: " \
+        "accuracy 0" in text
+    assert "ECE (T = 1)" in text and "mean MI (nats)" in text  # what the manifest lacks
+
+
+def test_trace_budgets_are_rounded(bundle, tmp_path):
+    records = trace_records()
+    for r in records:
+        if r["phase"] == "battery saver":
+            r["budget_latency_ms"], r["budget_memory_mb"] = 0.0107421875, 3.551834106445
+    text = write_report(bundle, tmp_path / "out", trace=records, max_eval=10,
+                        log=lambda *a: None).read_text(encoding="utf-8")
+    row = next(r for h, rows in _tables(text) if h[0] == "phase" for r in rows
+               if r[0] == "battery saver")
+    assert row[2:4] == ["0.0107", "3.55"], row
+    assert "0.0107421875" not in text and "3.5518" not in text
+
+
+def _pixels_near(fig, ax, rgb, tol=60) -> int:
+    """Pixels of colour ``rgb`` inside ``ax`` once drawn (legends removed first)."""
+    for a in fig.axes:
+        if a.get_legend() is not None:
+            a.get_legend().remove()
+    fig.canvas.draw()
+    img = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    box = ax.get_window_extent()
+    h = img.shape[0]
+    crop = img[int(h - box.y1) + 2:int(h - box.y0) - 2, int(box.x0) + 2:int(box.x1) - 2]
+    return int((np.abs(crop - np.array(rgb)).sum(-1) < tol).sum())
+
+
+def test_width_plot_keeps_the_point_line_visible_under_an_identical_head(manifest):
+    from types import SimpleNamespace
+
+    from exporters import report as R
+
+    def results(configs):  # every scope scores exactly like the point slice of its width
+        return {c.id: R.ConfigResult(probs=np.zeros((1, 2)),
+                                     metrics={"accuracy": 0.8 + 0.1 * c.width, "ece": 0.1},
+                                     raw_metrics={"ece": 0.2}) for c in configs}
+
+    point = [c for c in manifest.configurations if c.scope == "point"]
+    assert {c.scope for c in manifest.configurations} == {"point", "head", "all"}
+    blue = (31, 119, 180)  # C0: the point line
+    alone = R._width_figure(SimpleNamespace(configurations=point), results(point))
+    seen_alone = _pixels_near(alone, alone.axes[0], blue)
+    fig = R._width_figure(manifest, results(manifest.configurations))
+    seen = _pixels_near(fig, fig.axes[0], blue)
+    assert seen_alone > 200
+    assert seen >= 0.15 * seen_alone, (seen, seen_alone)  # hidden before: 0 pixels
+
+
+def test_trace_plot_shows_memory_used_beside_the_budget():
+    from exporters.report import _trace_figure
+
+    records = trace_records()
+    need = {"w1.00-point": 0.6, "w0.50-point": 0.2}
+    fig = _trace_figure(records, need)
+    mem = fig.axes[2]
+    lines = {ln.get_label(): ln for ln in mem.get_lines()}
+    assert {"memory used (chosen configuration)", "memory budget"} <= set(lines)
+    used = lines["memory used (chosen configuration)"].get_ydata()
+    assert list(used) == [need[r["config_id"]] for r in records]
+    assert mem.get_ylabel() == "memory (MB)"
+    # without per-configuration memory, the budget alone is drawn, as before
+    assert [ln.get_label() for ln in _trace_figure(records).axes[2].get_lines()] \
+        == ["memory budget"]
+
+
+def test_reliability_bins_with_few_samples_are_pale():
+    from edge_sdk import metrics as M
+    from exporters.report import FEW_BIN_SAMPLES, _figure, _reliability_cell
+
+    rng = np.random.default_rng(0)
+    conf = np.r_[np.full(3, 0.55), np.full(200, 0.95)]  # a sparse bin and a full one
+    probs = np.stack([conf, 1 - conf], 1)
+    labels = np.where(rng.random(conf.size) < conf, 0, 1)
+    bins = M.reliability_bins(probs, labels)
+    assert sorted(bins.counts[bins.counts > 0]) == [3, 200] and 3 < FEW_BIN_SAMPLES <= 200
+    ax = _figure().subplots()
+    _reliability_cell(ax, bins)
+    bars = {round(c.patches[0].get_x(), 3): (c.get_label(), c.patches[0])
+            for c in ax.containers if c.get_label().startswith("accuracy")}
+    (sparse_label, sparse), (full_label, full) = (bars[round(bins.edges[k], 3)] for k in (8, 14))
+    assert sparse.get_alpha() < 0.5 and sparse.get_hatch() and "pale" in sparse_label
+    assert (full.get_alpha() or 1.0) == 1.0 and not full.get_hatch() and full_label == "accuracy"
+
+
 def test_default_out_dir_is_next_to_the_bundle(bundle, tmp_path):
     copy = shutil.copytree(bundle, tmp_path / "mybundle")
     path = write_report(copy, log=lambda *a: None)
@@ -160,6 +271,9 @@ def test_bundle_without_data_config_needs_eval_data(bundle, tmp_path):
     text = path.read_text(encoding="utf-8")
     assert "`digits`" in text and "40 samples" in text
     assert "Δ accuracy" not in text  # other data than the manifest's: no difference column
+    # other data: the recomputed numbers are new, so the full table is there
+    assert "| configuration | accuracy | NLL | ECE | ECE (T = 1) | Brier |" in text
+    assert "reproduces the table above" not in text
 
 
 def test_cli_writes_the_report(bundle, tmp_path, capsys):
