@@ -13,6 +13,7 @@ STAMP  := $(VENV)/.installed
 # against the editable device project, so nothing of ours is fetched from the package index.
 $(STAMP): pyproject.toml packaging/workstation/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	rm -rf edge_sdk.egg-info  # metadata of the pre-rename "edge-sdk" editable install, if any
 	$(PIP) install --no-compile -q -e '.[dev]' -e ./packaging/workstation
 	touch $(STAMP)
 
