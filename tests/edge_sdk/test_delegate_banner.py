@@ -1,7 +1,8 @@
 """The XNNPACK delegate's "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." line, which
 LiteRT's C++ logging writes to fd 2 once per process, is not printed by CLI calls; whatever else
 goes to fd 2 meanwhile still does. The CLI checks run in subprocesses: the line is printed once
-per process, and this test process has long since printed it."""
+per process, and this test process has long since printed it. (Measured with LiteRT 2.3 and
+tflite-runtime 2.14 alike.)"""
 from __future__ import annotations
 
 import os
@@ -49,7 +50,7 @@ def test_run_prints_no_xnnpack_line(bundle, tmp_path):
     np.save(tmp_path / "x.npy", np.zeros(shape, np.float32))
     r = _cli("run", str(bundle), "--input", str(tmp_path / "x.npy"))
     assert r.returncode == 0, r.stderr
-    assert "XNNPACK" not in r.stderr and r.stderr == "", r.stderr
+    assert "XNNPACK" not in r.stderr and "INFO:" not in r.stderr, r.stderr
     assert "confidence" in r.stdout
 
 
