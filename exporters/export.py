@@ -163,7 +163,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     calib_ds = data.train if opts.calib_data is None else load_ood(opts.calib_data, spec)
     calib = batches(calib_ds, min(cfg.data.calib_samples, len(calib_ds)), cfg.seed, batch=256)
     val_x, val_y = _nhwc(data.val, opts.max_eval)
-    test_ds = data.test if opts.eval_data is None else load_ood(opts.eval_data, spec)
+    test_ds = data.test if opts.eval_data is None else load_ood(opts.eval_data, spec, labels=True)
     test_x, test_y = _nhwc(test_ds, opts.max_eval)
     ood_x = None
     if opts.ood_data is not None:

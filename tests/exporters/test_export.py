@@ -570,6 +570,21 @@ def test_widths_that_snap_to_the_same_network_are_exported_once(checkpoints, wor
     assert [c.width for c in read_manifest(out).configurations] == [0.375, 1.0]
 
 
+def test_unlabelled_eval_data_fails_before_anything_is_exported(checkpoints, workdir):
+    """--eval-data is scored against labels: an npz with only x_test is refused at once, with
+    the message naming what is missing (OOD data may come without labels, evaluation data not)."""
+    from edge_sdk.errors import DataError
+
+    npz = workdir / "unlabelled_eval.npz"
+    np.savez(npz, x_test=np.random.default_rng(0).uniform(0, 16, (20, 8, 8)).astype(np.float32))
+    out = workdir / "unlabelled_eval"
+    with pytest.raises(DataError, match="has x_test but no y_test: evaluation data needs labels"):
+        export_bundle(checkpoints["gaussian"], out,
+                      ExportOptions(widths=[1.0], scopes=["point"], measure=False, max_eval=10,
+                                    eval_data=f"npz:{npz}"), **QUIET)
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------ 6. CLI
 def test_cli_export(checkpoints, workdir):
     out = workdir / "cli" / "b"
