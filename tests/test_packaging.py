@@ -8,15 +8,13 @@ import email.parser
 import re
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("setuptools", minversion="70.1")  # bdist_wheel built in (the dev extra)
-from packaging.markers import Marker  # noqa: E402 (pytest's own dependency)
-from packaging.requirements import Requirement  # noqa: E402
+from packaging.requirements import Requirement  # noqa: E402 (pytest's own dependency)
 
 import edge_sdk  # noqa: E402
 from edge_sdk import cli  # noqa: E402
@@ -141,6 +139,7 @@ def test_one_version_and_the_names_the_cli_tells_users(wheels):
     versions = {name: _metadata(z)["Version"] for name, z in wheels.items()}
     assert versions == {DEVICE: edge_sdk.__version__, WORKSTATION: edge_sdk.__version__}
     assert (cli.DEVICE_DIST, cli.WORKSTATION_DIST) == (DEVICE, WORKSTATION)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     for toml in (ROOT / "pyproject.toml", ROOT / "packaging" / "workstation" / "pyproject.toml"):
         project = tomllib.loads(toml.read_text())["project"]
         assert project["version"] == edge_sdk.__version__, toml
