@@ -31,11 +31,24 @@ def _read_input(path: str, spec) -> np.ndarray:
     return arr / 255.0 * (hi - lo) + lo  # image pixels 0..255 onto the model's raw range
 
 
+def _is_batch(x: np.ndarray, spec) -> bool:
+    """Whether an ``--input`` array is a batch, decided from the bundle's input spec
+    ``[1, H, W, C]``: ``[N, H, W, C]`` is; for a grey model (C = 1) so is ``[N, H, W]``, while
+    ``[H, W]`` and ``[H, W, 1]`` are one sample. Anything else goes to ``predict`` as one
+    sample, whose shape error names the forms it accepts."""
+    _, h, w, c = spec.shape
+    if x.ndim == 4:
+        return True
+    return c == 1 and x.ndim == 3 and x.shape != (h, w, 1) and x.shape[1:] == (h, w)
+
+
 def run_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="edge-sdk run",
                                 description="Predict with a bundle under a budget.")
     p.add_argument("bundle")
-    p.add_argument("--input", required=True, help=".npy (one sample or a batch) or an image")
+    p.add_argument("--input", required=True,
+                   help=".npy: one sample [H, W, C] or a batch [N, H, W, C] (a grey model also "
+                        "takes [H, W] and [N, H, W]); or an image")
     p.add_argument("--latency-ms", type=float, default=None)
     p.add_argument("--memory-mb", type=float, default=None)
     p.add_argument("--policy", choices=["best", "cascade"], default="best")
@@ -49,7 +62,7 @@ def run_main(argv: list[str]) -> int:
                           target_accuracy=args.target_accuracy)
     budget = edge_sdk.Budget(args.latency_ms, args.memory_mb)
     x = _read_input(args.input, model.input_spec)
-    batch = x.ndim == len(model.input_spec.shape)
+    batch = _is_batch(x, model.input_spec)
     preds = model.predict_batch(x, budget) if batch else [model.predict(x, budget)]
     for pr in preds:
         if args.json:
