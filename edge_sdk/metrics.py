@@ -1,11 +1,17 @@
 """Quality and uncertainty metrics, defined once for the trainer, the exporters and the runtime.
 
+Also the one home of the maths the exporters and benchmarks share: posterior averaging at a
+temperature (:func:`predictive_probs`), selective prediction (:func:`risk_coverage`, which the
+exported confidence thresholds and cascade plans are cut from) and the weight entropy the
+manifest records (:func:`codebook_stats`).
+
 numpy only, because this module runs on the device. Every public function validates its
 inputs and raises :class:`edge_sdk.errors.InputError` naming the argument and what was
 expected, rather than returning a silently wrong number. Logarithms are natural.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,9 +25,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReliabilityBins",
+    "RiskCoverage",
     "accuracy",
     "auroc",
     "brier",
+    "codebook_stats",
     "ece",
     "expected_entropy",
     "log_softmax",
@@ -29,9 +37,14 @@ __all__ = [
     "nll",
     "ood_auroc",
     "predictive_entropy",
+    "predictive_probs",
     "reliability_bins",
+    "risk_coverage",
+    "sample_probs",
+    "selective_accuracy",
     "softmax",
     "summarize",
+    "weight_entropy_bits",
 ]
 
 # Probabilities computed in float32 (interpreters, exported graphs) do not sum to exactly 1.
@@ -375,3 +388,106 @@ def log_softmax(
     """Numerically stable ``log(softmax(logits / temperature))`` along ``axis``."""
     z = _scaled_logits(logits, axis, temperature)
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+
+
+def sample_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
+    """``softmax(logits_s / temperature)`` per posterior sample, in float64: [S, N, C] from
+    logits [S, N, C] (or [N, C]: one sample)."""
+    x = _as_float_array(logits, "logits")
+    if x.ndim == 2:
+        x = x[np.newaxis]
+    elif x.ndim != 3:
+        raise InputError(
+            f"logits must have shape [S, N, C] (or [N, C] for a single sample), got shape {x.shape}"
+        )
+    return softmax(x, axis=-1, temperature=temperature)
+
+
+def predictive_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
+    """``mean_s softmax(logits_s / T)``: the Bayesian model average at temperature T, [N, C].
+
+    What the manifest's test metrics, the exporter's thresholds and the report are computed
+    on; the runtime's ``predict`` computes the same average (inlined on its hot path).
+    """
+    return sample_probs(logits, temperature).mean(axis=0)
+
+
+# --------------------------------------------------------------------------- selective prediction
+
+
+@dataclass(frozen=True, eq=False)
+class RiskCoverage:
+    """Selective prediction when abstaining below a confidence threshold.
+
+    Point ``k`` accepts every sample with confidence >= ``threshold[k]``; cuts fall only between
+    distinct confidences (tied samples are all in or all out), so ``coverage`` is strictly
+    increasing and ends at 1, where ``accuracy`` is the overall accuracy.
+    """
+
+    coverage: NDArray[np.float64]  # [K] fraction of samples accepted
+    accuracy: NDArray[np.float64]  # [K] accuracy of the accepted samples (1 - selective risk)
+    threshold: NDArray[np.float64]  # [K] the lowest accepted confidence, decreasing
+    correct_count: NDArray[np.int64]  # [K] correct samples among the accepted (exact integers)
+
+
+def _selective_inputs(confidence: ArrayLike, correct: ArrayLike
+                      ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    conf = np.asarray(confidence, dtype=np.float64)
+    ok = np.asarray(correct)
+    if conf.ndim != 1 or conf.size == 0:
+        raise InputError(f"confidence must be a non-empty 1-D array, got shape {conf.shape}")
+    if ok.shape != conf.shape:
+        raise InputError(f"correct must have the shape of confidence {conf.shape}, got {ok.shape}")
+    if not np.all(np.isfinite(conf)):
+        raise InputError("confidence must contain only finite values; found NaN or inf")
+    if ok.dtype.kind != "b":
+        if ok.dtype.kind not in "iuf" or not np.all((ok == 0) | (ok == 1)):
+            raise InputError(f"correct must be booleans (or 0/1), got dtype {ok.dtype}")
+        ok = ok.astype(bool)
+    return conf, ok
+
+
+def risk_coverage(confidence: ArrayLike, correct: ArrayLike) -> RiskCoverage:
+    """The risk–coverage curve of per-sample ``confidence`` [N] and ``correct`` [N] (bool).
+
+    The exporter's confidence thresholds (the largest coverage reaching a target accuracy) and
+    cascade plans are read off this curve.
+    """
+    conf, ok = _selective_inputs(confidence, correct)
+    order = np.argsort(-conf, kind="stable")
+    conf, ok = conf[order], ok[order]
+    accepted = np.arange(1, conf.size + 1)
+    hits = np.cumsum(ok, dtype=np.int64)
+    cum_acc = hits / accepted
+    # only cut between distinct confidences: samples tied at c are all in or all out
+    last_of_value = np.r_[conf[1:] != conf[:-1], True]
+    return RiskCoverage(coverage=accepted[last_of_value] / conf.size,
+                        accuracy=cum_acc[last_of_value], threshold=conf[last_of_value],
+                        correct_count=hits[last_of_value])
+
+
+def selective_accuracy(confidence: ArrayLike, correct: ArrayLike, threshold: float
+                       ) -> tuple[float, float]:
+    """(coverage, accuracy of the accepted) when accepting confidence >= ``threshold``;
+    accuracy is NaN when nothing is accepted."""
+    conf, ok = _selective_inputs(confidence, correct)
+    accepted = conf >= threshold
+    coverage = float(accepted.mean())
+    return coverage, float(ok[accepted].mean()) if accepted.any() else math.nan
+
+
+# --------------------------------------------------------------------------- compression
+
+
+def codebook_stats(values: ArrayLike) -> tuple[int, float]:
+    """(distinct values, entropy in bits of the empirical distribution over them) of weight
+    ``values`` (any shape): exact values, no bins. The manifest's ``unique_values`` and
+    ``weight_entropy_bits``, and PWFN's codebook report."""
+    _, counts = np.unique(np.asarray(values).ravel(), return_counts=True)
+    p = counts / counts.sum()
+    return int(counts.size), float(-(p * np.log2(p)).sum())
+
+
+def weight_entropy_bits(values: ArrayLike) -> float:
+    """Entropy in bits of the empirical distribution over the exact unique values (no bins)."""
+    return codebook_stats(values)[1]

@@ -1,5 +1,9 @@
 """Post-hoc calibration fitted on the validation split (numpy only): a temperature per
-configuration and the confidence thresholds that reach target accuracies."""
+configuration and the confidence thresholds that reach target accuracies.
+
+The maths underneath lives in :mod:`edge_sdk.metrics` (one home, shared with the runtime and
+the report): the temperature-averaged probabilities (:func:`~edge_sdk.metrics.predictive_probs`,
+re-exported here) and the risk–coverage curve the thresholds and cascade plans are cut from."""
 from __future__ import annotations
 
 import warnings
@@ -8,6 +12,10 @@ from typing import Sequence
 import numpy as np
 
 from edge_sdk import metrics as M
+from edge_sdk.metrics import predictive_probs
+
+__all__ = ["MIN_CALIBRATION_SAMPLES", "CalibrationWarning", "cascade_threshold",
+           "confidence_thresholds", "fit_temperature", "predictive_probs", "warn_if_few_samples"]
 
 # Below this many validation samples a fitted temperature and the confidence thresholds are
 # mostly noise (17 samples once gave T = 0.05, silently); the digits demo validates on 179.
@@ -28,16 +36,6 @@ def warn_if_few_samples(n: int, stacklevel: int = 2) -> bool:
                   "validation data (a larger data.val_fraction or data set, or a larger "
                   "--max-eval)", CalibrationWarning, stacklevel=stacklevel + 1)
     return True
-
-
-def _as_samples(logits: np.ndarray) -> np.ndarray:
-    logits = np.asarray(logits, dtype=np.float64)
-    return logits[None] if logits.ndim == 2 else logits  # [S, N, C]
-
-
-def predictive_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """mean_s softmax(logits_s / T): the Bayesian model average at temperature T, [N, C]."""
-    return M.softmax(_as_samples(logits) / temperature, axis=-1).mean(0)
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray, lo: float = 0.05, hi: float = 20.0
@@ -81,17 +79,11 @@ def confidence_thresholds(probs: np.ndarray, labels: np.ndarray,
     confidence >= c are at least that accurate on validation (the largest such coverage);
     None when no non-empty set of confident predictions reaches it."""
     probs, labels = np.asarray(probs), np.asarray(labels)
-    conf = probs.max(1)
-    correct = probs.argmax(1) == labels
-    order = np.argsort(-conf, kind="stable")
-    conf, correct = conf[order], correct[order]
-    cum_acc = np.cumsum(correct) / np.arange(1, len(correct) + 1)
-    # only cut between distinct confidences: samples tied at c are all in or all out
-    last_of_value = np.r_[conf[1:] != conf[:-1], True]
+    rc = M.risk_coverage(probs.max(1), probs.argmax(1) == labels)
     out = {}
     for t in targets:
-        ok = np.nonzero((cum_acc >= t) & last_of_value)[0]
-        out[f"{t:g}"] = float(conf[ok[-1]]) if len(ok) else None
+        ok = np.nonzero(rc.accuracy >= t)[0]
+        out[f"{t:g}"] = float(rc.threshold[ok[-1]]) if len(ok) else None
     return out
 
 
@@ -105,16 +97,14 @@ def cascade_threshold(probs: np.ndarray, wider_probs: np.ndarray, labels: np.nda
     is better still (measured on Fashion-MNIST: climbing from width 0.25 at its 0.95-accuracy
     threshold lost 1.55 pt against always running width 1.0)."""
     probs, wider_probs, labels = (np.asarray(a) for a in (probs, wider_probs, labels))
-    conf = probs.max(1)
-    order = np.argsort(-conf, kind="stable")
-    conf = conf[order]
-    here = (probs.argmax(1) == labels)[order]
-    there = (wider_probs.argmax(1) == labels)[order]
-    loss = np.cumsum(there.astype(np.int64) - here) / len(labels)  # accepting the top k
-    last_of_value = np.r_[conf[1:] != conf[:-1], True]
-    ok = np.nonzero((loss <= max_loss + 1e-12) & last_of_value)[0]
+    conf = probs.max(1)  # both curves cut at this configuration's confidences
+    here = M.risk_coverage(conf, probs.argmax(1) == labels)
+    there = M.risk_coverage(conf, wider_probs.argmax(1) == labels)
+    # accuracy given up over the whole set by answering the accepted samples here
+    loss = (there.correct_count - here.correct_count) / len(labels)
+    ok = np.nonzero(loss <= max_loss + 1e-12)[0]
     if not len(ok):
         return {"threshold": None, "coverage": 0.0, "max_loss": float(max_loss)}
     k = ok[-1]
-    return {"threshold": float(conf[k]), "coverage": float((k + 1) / len(labels)),
+    return {"threshold": float(here.threshold[k]), "coverage": float(here.coverage[k]),
             "max_loss": float(max_loss)}
