@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from edge_sdk import metrics as M
+from edge_sdk.bundle import SCOPES
 from edge_sdk.errors import ConfigError
 from exporters.calibrate import (cascade_threshold, confidence_thresholds, fit_temperature,
                                  predictive_probs)
@@ -31,8 +32,6 @@ from trainer.config import config_from_dict, config_to_dict
 from trainer.data import ArrayDataset, load_data, load_ood
 from trainer.evaluate import batches
 from trainer.layers import BayesNestedLayer
-
-SCOPES = ("point", "head", "all")
 
 
 @dataclass
@@ -76,12 +75,12 @@ def quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
             ood_logits: np.ndarray | None) -> tuple[np.ndarray, dict[str, float]]:
     """Predictive probabilities [N, C] (samples averaged at ``temperature``) and the metrics
     row the manifest records (accuracy, NLL, ECE, Brier, mutual information, OOD AUROC)."""
-    probs_s = M.softmax(np.asarray(logits, np.float64) / temperature, axis=-1)
+    probs_s = M.sample_probs(logits, temperature)
     probs = probs_s.mean(0)
     row = {k: float(v) for k, v in M.summarize(probs, labels).items()}
     row["mutual_info"] = float(M.mutual_information(probs_s).mean())
     if ood_logits is not None:
-        ood_probs = M.softmax(np.asarray(ood_logits, np.float64) / temperature, axis=-1)
+        ood_probs = M.sample_probs(ood_logits, temperature)
         row["ood_auroc"] = float(M.ood_auroc(M.predictive_entropy(probs_s),
                                              M.predictive_entropy(ood_probs)))
     return probs, row
@@ -97,9 +96,7 @@ def _codebook_stats(model, kind: str) -> tuple[int | None, float | None]:
     if kind == "pwfn":
         vals += [m.bias.detach().flatten() for m in model.modules()
                  if isinstance(m, BayesNestedLayer) and m.bias is not None]
-    _, counts = torch.unique(torch.cat(vals), return_counts=True)
-    p = counts.double() / counts.sum()
-    return int(len(counts)), float(-(p * torch.log2(p)).sum())
+    return M.codebook_stats(torch.cat(vals).cpu().numpy())
 
 
 def snapped_widths(model, widths: Sequence[float], log=print) -> list[float]:

@@ -23,6 +23,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from torch import nn
 
+from edge_sdk.bundle import WEIGHT_ROUTES  # the manifest's weight routes, defined once
 from edge_sdk.errors import ConfigError
 from exporters.fold import fold_layer, fold_scale
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
@@ -37,7 +38,6 @@ __all__ = ["ChannelQuant", "GraphBuilder", "LayerWeights", "QuantizedTensor", "S
 SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
-WEIGHT_ROUTES = ("dequantize", "hybrid", "float")
 
 _OP = schema.BuiltinOperator
 _OP_NAMES = {v: k for k, v in vars(_OP).items() if not k.startswith("_")}

@@ -20,11 +20,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from edge_sdk.errors import ConfigError
+from edge_sdk.metrics import weight_entropy_bits  # one definition, shared with the exporter
 from trainer.config import Config, PWFNConfig, validate
 from trainer.data import DataSplits
 from trainer.evaluate import batches, evaluate_widths
@@ -190,13 +190,6 @@ def _group_std(x: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     mean = torch.zeros_like(n).index_add_(0, inv, x) / n
     var = torch.zeros_like(n).index_add_(0, inv, (x - mean[inv]) ** 2) / n
     return var.sqrt()[inv]
-
-
-def weight_entropy_bits(values: np.ndarray) -> float:
-    """Entropy in bits of the empirical distribution over the exact unique values (no bins)."""
-    _, counts = np.unique(np.asarray(values).ravel(), return_counts=True)
-    p = counts / counts.sum()
-    return float(-(p * np.log2(p)).sum())
 
 
 # ------------------------------------------------------------------------ network plumbing
