@@ -2,18 +2,11 @@
 
 A config file states only what differs from the defaults below; every other key takes
 the dataclass default. Constraints live next to each field as ``dataclasses.field``
-metadata, and ONE generic validator (:func:`validate`) walks the dataclasses, so a new
-section (say ``quantize``) gets key, type and range checking just by adding a
-dataclass-typed field to :class:`Config`.
-
-Field metadata keys understood by the validator:
-
-``choices``         tuple of allowed values
-``prefix_choices``  tuple of allowed string prefixes, each followed by a non-empty rest
-                    (e.g. ``"npz:"`` for ``npz:<path>``)
-``min`` / ``max``   numeric bounds, inclusive unless ``min_exclusive`` / ``max_exclusive``
-``min_len``         minimum length of a list
-``items``           a metadata dict applied to every element of a list
+metadata (:func:`_opt`), and ONE generic validator (:func:`validate`, in
+:mod:`trainer.config_validate`, which lists the metadata keys it understands) walks the
+dataclasses, so a new section (say ``quantize``) gets key, type and range checking just by
+adding a dataclass-typed field to :class:`Config`. Reading files and applying ``a.b=value``
+overrides: :mod:`trainer.config_overrides`.
 
 A section dataclass may define ``_cross_check(self, path: str) -> None`` for checks that
 involve several of its fields; it runs after the fields themselves are valid.
@@ -21,19 +14,15 @@ involve several of its fields; it runs after the fields themselves are valid.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import os
-import re
-import types
-import typing
-from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any, Mapping, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import yaml
 
 from edge_sdk.errors import ConfigError
+from trainer.config_overrides import (_apply_override, _parse_yaml, _read_config_text,
+                                      list_builtin_configs)
+from trainer.config_validate import _build, _join, _opt, _value_desc, validate
 
 __all__ = [
     "BUILTIN_SOURCES",
@@ -59,18 +48,6 @@ __all__ = [
 # Named data sources, and sources that take a path after the prefix (see trainer.data).
 BUILTIN_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "svhn")
 PATH_SOURCES = ("npz:", "imagefolder:")
-
-_META_KEYS = frozenset(
-    {"choices", "prefix_choices", "min", "max", "min_exclusive", "max_exclusive", "min_len", "items"}
-)
-
-
-def _opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, **meta: Any) -> Any:
-    """A dataclass field with validator metadata (keeps the class bodies one line per key)."""
-    unknown = set(meta) - _META_KEYS
-    if unknown:  # a typo here would silently disable a check
-        raise TypeError(f"unknown field metadata {sorted(unknown)}; known: {sorted(_META_KEYS)}")
-    return field(default=default, default_factory=factory, metadata=meta)
 
 
 # --------------------------------------------------------------------------- sections
@@ -324,235 +301,6 @@ class Config:
     quantize: QuantizeConfig = _opt(factory=QuantizeConfig)
 
 
-# --------------------------------------------------------------------------- validator
-
-_NoneType = type(None)
-# YAML 1.1 (PyYAML) reads 1e-3 as the *string* "1e-3" (it wants a dot and a signed
-# exponent). Accept exactly that form for float fields so `lr: 1e-3` and `train.lr=1e-4`
-# mean what everyone expects; any other string stays a type error.
-_EXP_FLOAT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+")
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _optional_args(tp: Any) -> tuple[Any, ...] | None:
-    """Non-None members of a Union type, or None when tp is not a Union."""
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        return tuple(a for a in typing.get_args(tp) if a is not _NoneType)
-    return None
-
-
-def _type_name(tp: Any) -> str:
-    args = _optional_args(tp)
-    if args is not None:
-        names = " or ".join(_type_name(a) for a in args)
-        return f"{names} or null" if _NoneType in typing.get_args(tp) else names
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (elem,) = typing.get_args(tp) or (Any,)
-        return f"list of {_type_name(elem)}"
-    if tp is dict or origin is dict:
-        return "mapping"
-    if tp is Any:
-        return "any plain value"
-    if _is_section(tp):
-        return "mapping (section)"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _value_desc(value: Any) -> str:
-    kind = {type(None): "null", dict: "mapping"}.get(type(value), type(value).__name__)
-    text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{kind} {text}"
-
-
-def _type_error(key: str, expected: str, value: Any) -> ConfigError:
-    return ConfigError(f"{key}: expected {expected}, got {_value_desc(value)}")
-
-
-def _plain(value: Any, key: str) -> Any:
-    """Deep copy of a YAML-safe value (None, bool, int, float, str, list, str-keyed dict)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, list):
-        return [_plain(v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(f"{key}: mapping keys must be strings, got {_value_desc(k)}")
-            out[k] = _plain(v, _join(key, k))
-        return out
-    # tuples, numpy scalars, objects: not representable by yaml.safe_dump / weights_only load
-    raise _type_error(key, "plain YAML value (null, bool, number, string, list, mapping)", value)
-
-
-def _check_type(value: Any, tp: Any, key: str, expected: str | None = None) -> Any:
-    """Return value (converted int->float, deep-copied) if it has type tp, else ConfigError."""
-    expected = expected or _type_name(tp)
-    members = _optional_args(tp)
-    if members is not None:
-        if value is None:
-            if _NoneType in typing.get_args(tp):
-                return None
-            raise _type_error(key, expected, value)
-        if len(members) == 1:
-            return _check_type(value, members[0], key, expected)
-        for member in members:
-            try:
-                return _check_type(value, member, key)
-            except ConfigError:
-                continue
-        raise _type_error(key, expected, value)
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return _plain(value, key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):  # True is not an epoch count
-            return value
-    elif tp is float:
-        number: float | None = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str) and _EXP_FLOAT.fullmatch(value.strip()):
-            number = float(value)
-        if number is not None:
-            if not math.isfinite(number):
-                raise ConfigError(f"{key}: expected a finite number, got {_value_desc(value)}")
-            return number
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif origin is list:
-        if isinstance(value, list):
-            (elem,) = typing.get_args(tp) or (Any,)
-            return [_check_type(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
-    elif tp is dict or origin is dict:
-        if isinstance(value, dict):
-            return _plain(value, key)
-    else:
-        raise TypeError(f"config field {key}: unsupported annotation {tp!r}")
-    raise _type_error(key, expected, value)
-
-
-def _range_text(meta: Mapping[str, Any]) -> str:
-    parts = []
-    if meta.get("min") is not None:
-        parts.append(f"{'>' if meta.get('min_exclusive') else '>='} {meta['min']}")
-    if meta.get("max") is not None:
-        parts.append(f"{'<' if meta.get('max_exclusive') else '<='} {meta['max']}")
-    return " and ".join(parts)
-
-
-def _check_constraints(value: Any, meta: Mapping[str, Any], key: str) -> None:
-    if value is None:  # only reachable for Optional fields; null means "off"
-        return
-    choices = meta.get("choices")
-    prefixes = meta.get("prefix_choices", ())
-    if choices is not None or prefixes:
-        ok = value in (choices or ()) or any(
-            isinstance(value, str) and value.startswith(p) and len(value) > len(p) for p in prefixes
-        )
-        if not ok:
-            allowed = [str(c) for c in (choices or ())] + [f"{p}<path>" for p in prefixes]
-            raise ConfigError(f"{key}: must be one of {', '.join(allowed)}; got {value!r}")
-    lo, hi = meta.get("min"), meta.get("max")
-    if lo is not None or hi is not None:
-        too_low = lo is not None and (value <= lo if meta.get("min_exclusive") else value < lo)
-        too_high = hi is not None and (value >= hi if meta.get("max_exclusive") else value > hi)
-        if too_low or too_high:
-            raise ConfigError(f"{key}: must be {_range_text(meta)}; got {value!r}")
-    if "min_len" in meta and len(value) < meta["min_len"]:
-        raise ConfigError(f"{key}: needs at least {meta['min_len']} element(s); got {value!r}")
-    if "items" in meta:
-        for i, item in enumerate(value):
-            _check_constraints(item, meta["items"], f"{key}[{i}]")
-
-
-def _unknown_key(path: str, key: Any, allowed: Sequence[str]) -> ConfigError:
-    msg = f"unknown config key '{_join(path, str(key))}'"
-    close = difflib.get_close_matches(str(key), list(allowed), n=1)
-    if close:
-        msg += f"; did you mean '{_join(path, close[0])}'?"
-    where = f"section '{path}'" if path else "the top level"
-    return ConfigError(f"{msg} (allowed keys in {where}: {', '.join(sorted(allowed))})")
-
-
-def _field_default(f: dataclasses.Field, key: str) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    raise ConfigError(f"missing required config key '{key}'")
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    """Validated instance of section class cls from a mapping (missing keys -> defaults)."""
-    if data is None:  # an empty section (`train:` with nothing under it) means "all defaults"
-        data = {}
-    if not isinstance(data, Mapping):
-        where = f"section '{path}'" if path else "the config"
-        raise ConfigError(f"{where} must be a mapping of keys, got {_value_desc(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for key in data:
-        if key not in fields:
-            raise _unknown_key(path, key, list(fields))
-    values = {}
-    for name, f in fields.items():
-        key = _join(path, name)
-        raw = data[name] if name in data else _field_default(f, key)
-        tp = hints[name]
-        section = _section_type(tp)
-        if section is not None:
-            if raw is None and _optional_args(tp) is not None:
-                values[name] = None  # an optional section switched off
-                continue
-            if isinstance(raw, section):  # a default_factory instance
-                raw = dataclasses.asdict(raw)
-            values[name] = _build(section, raw, key)
-        else:
-            value = _check_type(raw, tp, key)
-            _check_constraints(value, f.metadata, key)
-            values[name] = value
-    obj = cls(**values)
-    cross_check = getattr(obj, "_cross_check", None)
-    if cross_check is not None:
-        cross_check(path)
-    return obj
-
-
-def _section_type(tp: Any) -> type | None:
-    """The dataclass behind a field type (plain or Optional), or None for a value field."""
-    if _is_section(tp):
-        return tp
-    members = _optional_args(tp)
-    if members is not None and len(members) == 1 and _is_section(members[0]):
-        return members[0]
-    return None
-
-
-def validate(obj: Any, path: str = "") -> Any:
-    """Validated copy of a config dataclass (any section); ConfigError names the bad key.
-
-    ``path`` prefixes key names in messages, e.g. ``validate(cfg.data, "data")``.
-    """
-    if not _is_section(type(obj)):
-        raise TypeError(f"validate() expects a config dataclass instance, got {type(obj).__name__}")
-    return _build(type(obj), dataclasses.asdict(obj), path)
-
-
 # --------------------------------------------------------------------------- dict / YAML
 
 
@@ -571,101 +319,11 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
-def _configs_dir() -> Any:
-    # importlib.resources so built-ins are found when installed as package data (even zipped)
-    return resources.files(__package__ or "trainer").joinpath("configs")
-
-
-def list_builtin_configs() -> list[str]:
-    """Names accepted by load_config, e.g. ['cifar10', 'digits', 'fashion_mnist']."""
-    return sorted(p.name[: -len(".yaml")] for p in _configs_dir().iterdir() if p.name.endswith(".yaml"))
-
-
-def _looks_like_path(name: str) -> bool:
-    return "/" in name or os.sep in name or name.endswith((".yaml", ".yml"))
-
-
-def _read_config_text(name_or_path: str) -> tuple[str, str]:
-    """(YAML text, description for messages) of a built-in name or a file path."""
-    builtins = list_builtin_configs()
-    if not _looks_like_path(name_or_path) and name_or_path in builtins:
-        text = _configs_dir().joinpath(f"{name_or_path}.yaml").read_text(encoding="utf-8")
-        return text, f"built-in config '{name_or_path}'"
-    path = os.path.expanduser(name_or_path)
-    if not os.path.isfile(path):
-        raise ConfigError(
-            f"config '{name_or_path}' is neither a built-in config nor an existing YAML file; "
-            f"built-in configs: {', '.join(builtins)}"
-        )
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read(), f"config file '{name_or_path}'"
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file '{name_or_path}': {exc}") from exc
-
-
-def _parse_yaml(text: str, where: str) -> Any:
-    try:
-        return yaml.safe_load(text)  # safe_load only: a config must never construct objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"cannot parse {where}{at}: {problem}") from exc
-
-
-def _override_path(key: str, override: str) -> list[str]:
-    """Check a dotted override key against the schema; returns its parts."""
-    parts = key.split(".")
-    if not key or any(not p for p in parts):
-        raise ConfigError(f"malformed override '{override}': expected section.key=value, e.g. train.epochs=3")
-    cls: Any = Config
-    path = ""
-    for i, part in enumerate(parts):
-        fields = {f.name for f in dataclasses.fields(cls) if f.init}
-        if part not in fields:
-            raise _unknown_key(path, part, list(fields))
-        path = _join(path, part)
-        tp = typing.get_type_hints(cls)[part]
-        rest = parts[i + 1 :]
-        if not rest:
-            break
-        section = _section_type(tp)
-        if section is not None:
-            cls = section
-        elif tp is dict or typing.get_origin(tp) is dict:
-            break  # model.kwargs.input_size=8 sets a key inside the free-form mapping
-        else:
-            raise ConfigError(
-                f"override '{override}': '{path}' is a value, not a section, so '{key}' does not exist"
-            )
-    return parts
-
-
-def _apply_override(data: dict[str, Any], override: str) -> None:
-    key, sep, text = override.partition("=")
-    key = key.strip()
-    if not sep:
-        raise ConfigError(f"malformed override '{override}': expected section.key=value, e.g. train.epochs=3")
-    parts = _override_path(key, override)
-    value = _parse_yaml(text.strip(), f"override '{override}'")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            where = ".".join(parts[: i + 1])
-            raise ConfigError(f"override '{override}': '{where}' must be a mapping, got {_value_desc(child)}")
-        node = child
-    node[parts[-1]] = value
-
-
 def apply_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
     """A new, validated config with ``section.key=value`` overrides applied to ``cfg``."""
     data = config_to_dict(cfg)
     for override in overrides:
-        _apply_override(data, override)
+        _apply_override(data, override, Config)
     return config_from_dict(data)
 
 
@@ -694,7 +352,7 @@ def load_config(name_or_path: str | None = "digits", overrides: Sequence[str] = 
     for override in overrides:
         if not isinstance(override, str):
             raise ConfigError(f"override must be a 'key=value' string, got {_value_desc(override)}")
-        _apply_override(data, override)
+        _apply_override(data, override, Config)
     try:
         return _build(Config, data, "")
     except ConfigError as exc:
