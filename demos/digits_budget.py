@@ -1,4 +1,4 @@
-"""The whole product on scikit-learn's digits, offline, in a few minutes on 2 cores.
+"""The whole product on scikit-learn's digits, offline, on the CPU: train, quantize, export, replay.
 
     edge-sdk demo [--method pwfn|sqs|none] [--out runs/demo] [--quick]
 
@@ -8,15 +8,20 @@
 4. load the bundle with the torch-free runtime and replay a changing budget: the latency budget
    drops (battery saver), drops further (a second model shares the CPU), recovers, then memory
    is squeezed (``Budget(memory_mb=...)``), and finally the confidence cascade runs;
-5. print what was chosen per phase and write ``trace.json``, a Markdown report and its figures.
+5. print what was chosen per phase and write ``trace.json``, a Markdown report and its figures;
+   then ``summary.md``: the README's demo section, generated from ``trace.json`` alone
+   (:func:`summary_markdown`; ``--summary-of TRACE`` prints it again for an existing trace).
 
 Budgets are set relative to the latencies this process measures for each configuration in a
 short warm-up, so every phase means the same thing on a fast laptop and a slow CI runner.
+Wall time on a 2-core machine: see the README's demo section, which states the run it quotes.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import sys
 import time
@@ -37,8 +42,10 @@ def _stage(title: str) -> float:
     return time.perf_counter()
 
 
-def _done(t0: float) -> None:
-    print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+def _done(t0: float) -> float:
+    seconds = time.perf_counter() - t0
+    print(f"   ({seconds:.1f} s)", flush=True)
+    return round(seconds, 1)
 
 
 def phases(model) -> list[tuple[str, object, str]]:
@@ -89,27 +96,167 @@ def replay(bundle: Path, xs: np.ndarray, ys: np.ndarray, calls: int, threads: in
     return records
 
 
+def phase_stats(records: list[dict]) -> list[dict]:
+    """Per phase, in order: its budgets, which configurations answered (the two most frequent,
+    with their share of calls), mean latency, accuracy, confidence, budget met and abstained."""
+    out = []
+    for name in dict.fromkeys(r["phase"] for r in records):
+        rs = [r for r in records if r["phase"] == name]
+        top = Counter(r["config_id"] for r in rs).most_common(2)
+        out.append({
+            "phase": name, "calls": len(rs), "budget_latency_ms": rs[0]["budget_latency_ms"],
+            "budget_memory_mb": rs[0]["budget_memory_mb"],
+            "answered_by": [(c, n / len(rs)) for c, n in top],
+            "mean_ms": float(np.mean([r["latency_ms"] for r in rs])),
+            "accuracy": float(np.mean([r["correct"] for r in rs])),
+            "confidence": float(np.mean([r["confidence"] for r in rs])),
+            "budget_met": float(np.mean([r["budget_met"] for r in rs])),
+            "abstained": float(np.mean([r["abstain"] for r in rs]))})
+    return out
+
+
+def _who(answered_by: list) -> str:
+    return ", ".join(f"{c} {share:.0%}" for c, share in answered_by)
+
+
 def phase_table(records: list[dict]) -> str:
     fmt = lambda v, u: "-" if v is None else f"{v:.3g} {u}"  # noqa: E731
     lines = [f"{'phase':<16}{'latency budget':>15}{'memory budget':>14}  {'answered by':<34}"
              f"{'mean ms':>8}{'acc':>7}{'conf':>7}{'met':>7}{'abstain':>8}"]
-    for name in dict.fromkeys(r["phase"] for r in records):
-        rs = [r for r in records if r["phase"] == name]
-        top = Counter(r["config_id"] for r in rs).most_common(2)
-        who = ", ".join(f"{c} {n / len(rs):.0%}" for c, n in top)
+    for p in phase_stats(records):
         lines.append(
-            f"{name:<16}{fmt(rs[0]['budget_latency_ms'], 'ms'):>15}"
-            f"{fmt(rs[0]['budget_memory_mb'], 'MB'):>14}  {who:<34}"
-            f"{np.mean([r['latency_ms'] for r in rs]):>8.4f}"
-            f"{np.mean([r['correct'] for r in rs]):>7.3f}"
-            f"{np.mean([r['confidence'] for r in rs]):>7.3f}"
-            f"{np.mean([r['budget_met'] for r in rs]):>7.1%}"
-            f"{np.mean([r['abstain'] for r in rs]):>8.1%}")
+            f"{p['phase']:<16}{fmt(p['budget_latency_ms'], 'ms'):>15}"
+            f"{fmt(p['budget_memory_mb'], 'MB'):>14}  {_who(p['answered_by']):<34}"
+            f"{p['mean_ms']:>8.4f}{p['accuracy']:>7.3f}{p['confidence']:>7.3f}"
+            f"{p['budget_met']:>7.1%}{p['abstained']:>8.1%}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- summary.md
+SUMMARY_BEGIN = "<!-- begin: written by `edge-sdk demo` (summary.md, from trace.json) -->"
+SUMMARY_END = "<!-- end: written by `edge-sdk demo` -->"
+STAGES = ("train", "quantize", "export", "replay", "report")
+CONFIG_HEADER = ("| configuration | acc | acc T | ece | ece T | T | MACs | KiB | ms | MB |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|")
+PHASE_HEADER = ("| phase | latency budget | memory budget | answered by | mean ms | accuracy "
+                "| confidence | budget met | abstained |\n"
+                "|---|---|---|---|---|---|---|---|---|")
+
+
+def command_line(out: Path, method: str, quick: bool, epochs: int | None, samples: int,
+                 calls: int) -> str:
+    """The ``edge-sdk demo`` command that runs ``run()`` with these arguments."""
+    parts = ["edge-sdk demo"]
+    if method != "pwfn":
+        parts.append(f"--method {method}")
+    if Path(out) != Path("runs/demo"):
+        parts.append(f"--out {out}")
+    if quick:
+        parts.append("--quick")
+    if epochs is not None:
+        parts.append(f"--epochs {epochs}")
+    if samples != 8:
+        parts.append(f"--samples {samples}")
+    if calls != 300:
+        parts.append(f"--calls {calls}")
+    return " ".join(parts)
+
+
+def _host() -> dict:
+    try:
+        load = round(os.getloadavg()[0], 1)
+    except (AttributeError, OSError):  # not on every platform
+        load = None
+    return {"cpus": os.cpu_count(), "system": f"{platform.system()} {platform.machine()}",
+            "python": platform.python_version(), "load_average": load}
+
+
+def _configurations(manifest) -> list[dict]:
+    """What stage 3 prints per configuration (exporters.export.summary), from the manifest."""
+    out = []
+    for c in manifest.configurations:
+        raw, cal = c.test["raw"], c.test["calibrated"]
+        out.append({"id": c.id, "acc": raw["accuracy"], "acc_T": cal["accuracy"],
+                    "ece": raw["ece"], "ece_T": cal["ece"], "T": c.temperature, "macs": c.macs,
+                    "kib": sum(f.bytes for f in c.files) / 1024, "latency_ms": c.latency_ms,
+                    "memory_mb": c.memory_mb})
+    return out
+
+
+def _shown(path) -> str:
+    """``path`` relative to the working directory when it lies below it (as the README shows)."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _num(v, spec: str, unit: str = "") -> str:
+    return "–" if v is None else f"{v:{spec}}{unit}"
+
+
+def summary_markdown(trace: dict) -> str:
+    """The README's demo section for one run, from its ``trace.json`` contents alone: the
+    command, host and wall times, the bundle's configurations (stage 3's table) and the
+    budget replay per phase (stage 4's table)."""
+    run, records = trace["run"], trace["records"]
+    host, stages = run["host"], run["stages"]
+    load = "" if host.get("load_average") is None else \
+        f", load average {host['load_average']:g} when it started"
+    label = {"train": "train", "quantize": f"quantize ({run['method']})",
+             "export": f"export of {len(run['configurations'])} configurations",
+             "replay": "budget replay", "report": "report"}
+    times = ", ".join(f"{label[k]} {stages[k]:.1f} s" for k in STAGES if k in stages)
+    data = run["data"]
+    lines = [
+        SUMMARY_BEGIN,
+        f"`{run['command']}` on {host['cpus']} CPUs ({host['system']}, Python {host['python']}, "
+        f"backend `{run['backend']}`{load}): **{run['total_s']:.1f} s** wall in all — {times}. "
+        f"Digits: {data['train']} training, {data['val']} validation, {data['test']} test "
+        f"samples; {run['epochs']} epochs, quantizer `{run['method']}`, {run['samples']} "
+        f"posterior samples per sampled configuration.",
+        "",
+        f"Stage 3/5 prints the bundle's configurations (`{run['bundle']}/manifest.yaml`; test "
+        f"split, {run['evaluated']} samples; ms and MB measured on this host):",
+        "",
+        CONFIG_HEADER,
+    ]
+    for c in run["configurations"]:
+        lines.append(
+            f"| {c['id']} | {c['acc']:.4f} | {c['acc_T']:.4f} | {c['ece']:.4f} | "
+            f"{c['ece_T']:.4f} | {c['T']:.2f} | {c['macs']} | {c['kib']:.1f} | "
+            f"{_num(c['latency_ms'], '.3f')} | {_num(c['memory_mb'], '.1f')} |")
+    lines += [
+        "",
+        f"Stage 4/5 replays the budget ({run['calls']} calls per phase; budgets set from the "
+        f"latencies measured in a warm-up; `{run['trace']}`, figure `{run['figure']}`):",
+        "",
+        PHASE_HEADER,
+    ]
+    for p in phase_stats(records):
+        lines.append(
+            f"| {p['phase']} | {_num(p['budget_latency_ms'], '.3g', ' ms')} | "
+            f"{_num(p['budget_memory_mb'], '.3g', ' MB')} | {_who(p['answered_by'])} | "
+            f"{p['mean_ms']:.3g} | {p['accuracy']:.3f} | {p['confidence']:.3f} | "
+            f"{p['budget_met']:.1%} | {p['abstained']:.1%} |")
+    lines.append(SUMMARY_END)
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(trace_path: Path, out: Path | None = None) -> Path:
+    """``summary.md`` next to ``trace_path`` (or at ``out``), generated from the trace file."""
+    out = Path(out) if out is not None else Path(trace_path).with_name("summary.md")
+    out.write_text(summary_markdown(json.loads(Path(trace_path).read_text())))
+    return out
 
 
 def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None = None,
         samples: int = 8, calls: int = 300, progress: bool = True) -> dict[str, Path]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edge_sdk.backends import interpreter_class, quiet_delegate_banner
+    from edge_sdk.bundle import read_manifest
     from exporters.export import ExportOptions, export_bundle
     from exporters.report import write_report
     from trainer.config import load_config
@@ -117,6 +264,10 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
     from trainer.quantize.run import quantize_checkpoint
     from trainer.train import train
 
+    # the exporters run LiteRT directly (exporters.measure): spend its once-per-process XNNPACK
+    # INFO line out of sight now, as the CLI commands do
+    quiet_delegate_banner(Interpreter)
+    start, host = time.perf_counter(), _host()
     quiet = {"progress": progress}
     overrides = list(QUICK["train"]) if quick else []
     if epochs is not None:
@@ -124,51 +275,92 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
     cfg = load_config("digits", overrides)
     for sub in ("train", method, "bundle", "report"):  # the demo owns these; rerun = fresh
         shutil.rmtree(out / sub, ignore_errors=True)
+    stages: dict[str, float] = {}
 
     t0 = _stage(f"1/5 train {cfg.model.name} on digits ({cfg.train.epochs} epochs)")
     ckpt = train(cfg, out / "train", **quiet).checkpoint
-    _done(t0)
+    stages["train"] = _done(t0)
     if method != "none":
         t0 = _stage(f"2/5 quantize ({method})")
         qcfg = load_config("digits", overrides + [f"quantize.method={method}"]
                            + (QUICK[method] if quick else []))
         ckpt = quantize_checkpoint(ckpt, qcfg, out / method, **quiet)
-        _done(t0)
+        stages["quantize"] = _done(t0)
     t0 = _stage("3/5 export widths 0.25 ... 1.0 (point, sampled head, fully sampled)")
+    max_eval = 200 if quick else None
     bundle = export_bundle(ckpt, out / "bundle", ExportOptions(
-        samples=samples, force=True, max_eval=200 if quick else None), **quiet)
-    _done(t0)
+        samples=samples, force=True, max_eval=max_eval), **quiet)
+    stages["export"] = _done(t0)
 
     t0 = _stage("4/5 replay a changing budget with the torch-free runtime")
-    test = load_data(cfg.data).test
+    data = load_data(cfg.data)
+    test = data.test
     xs, ys = test.raw, test.y.numpy()  # raw: NHWC numpy, what an app would pass
     records = replay(bundle, xs, ys, calls)
     trace = out / "trace.json"
     trace.write_text(json.dumps({"records": records}))
     print(phase_table(records))
-    _done(t0)
+    stages["replay"] = _done(t0)
 
     t0 = _stage("5/5 report and figures")
-    report = write_report(bundle, out / "report", trace=trace,
-                          max_eval=200 if quick else None)
-    _done(t0)
-    paths = {"checkpoint": Path(ckpt), "bundle": Path(bundle), "trace": trace, "report": report}
+    report = write_report(bundle, out / "report", trace=trace, max_eval=max_eval)
+    stages["report"] = _done(t0)
+
+    # the run itself goes into the trace too, so summary.md is generated from trace.json alone
+    manifest = read_manifest(bundle)
+    n_test = len(test.y)
+    run_info = {
+        "command": command_line(out, method, quick, epochs, samples, calls),
+        "method": method, "quick": quick, "epochs": cfg.train.epochs, "samples": samples,
+        "calls": calls, "host": host, "backend": interpreter_class()[1],  # as load() picks
+        "stages": stages, "total_s": round(time.perf_counter() - start, 1),
+        "data": {"train": len(data.train.y), "val": len(data.val.y), "test": n_test},
+        "evaluated": n_test if max_eval is None else min(n_test, max_eval),
+        "bundle": _shown(bundle), "trace": _shown(trace),
+        "figure": _shown(report.parent / "trace.png"),
+        "configurations": _configurations(manifest)}
+    trace.write_text(json.dumps({"records": records, "run": run_info}))
+    summary = write_summary(trace)
+    paths = {"checkpoint": Path(ckpt), "bundle": Path(bundle), "trace": trace, "report": report,
+             "summary": summary}
     print("\n" + "\n".join(f"{k:<11}{v}" for k, v in paths.items()))
     print("figures    " + "\n           ".join(str(p) for p in sorted(report.parent.glob("*.png"))))
+    print(f"{run_info['total_s']:.1f} s in all")
     return paths
 
 
 def demo_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="edge-sdk demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="edge-sdk demo", description=__doc__.splitlines()[0],
+        epilog="Writes runs/demo/{train,pwfn,bundle,report}/, trace.json and summary.md (the "
+               "README's demo section). The README's demo section states how long the full run "
+               "and --quick took on the 2-core machine it quotes.")
     p.add_argument("--method", choices=["pwfn", "sqs", "none"], default="pwfn",
                    help="quantizer between training and export (default pwfn)")
     p.add_argument("--out", default="runs/demo", help="run directory (its stages are replaced)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (config: 30)")
     p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
     p.add_argument("--calls", type=int, default=300, help="predictions per budget phase")
-    p.add_argument("--quick", action="store_true", help="seconds-long smoke run (CI)")
+    p.add_argument("--quick", action="store_true",
+                   help="the same pipeline with every stage cut short (3 epochs, no PWFN "
+                        "retraining, 200 evaluation samples): what CI runs")
+    p.add_argument("--summary-of", metavar="TRACE", default=None,
+                   help="print the summary.md of an existing trace.json and exit (runs nothing)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.summary_of is not None:
+        from edge_sdk.errors import InputError
+
+        path = Path(args.summary_of)
+        try:
+            trace = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"--summary-of {path}: cannot read a JSON trace ({e})") from e
+        if not isinstance(trace, dict) or "run" not in trace or "records" not in trace:
+            raise InputError(f"--summary-of {path}: not a trace written by this demo (expected "
+                             "the keys 'records' and 'run')")
+        print(summary_markdown(trace), end="")
+        return 0
     run(Path(args.out), args.method, args.quick, args.epochs, args.samples, args.calls,
         progress=not args.no_progress)
     return 0

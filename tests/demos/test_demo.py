@@ -31,7 +31,7 @@ def records(demo):
 
 
 def test_every_stage_leaves_its_artifact(demo):
-    for key in ("checkpoint", "bundle", "trace", "report"):
+    for key in ("checkpoint", "bundle", "trace", "report", "summary"):
         assert demo[key].exists(), key
     assert demo["checkpoint"].parent.name == demo["method"]  # the quantized one was exported
     assert read_manifest(demo["bundle"]).source["posterior"] == demo["method"]
@@ -81,3 +81,19 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
         <= cost(phases["unconstrained"])
     # the cascade climbs widths within one scope
     assert len({by_id[r["config_id"]].scope for r in phases["cascade"]}) == 1
+
+
+def test_summary_md_is_generated_from_the_trace_it_sits_next_to(demo, records):
+    from demos.digits_budget import summary_markdown
+
+    trace = json.loads(demo["trace"].read_text())
+    assert demo["summary"] == demo["trace"].with_name("summary.md")
+    assert demo["summary"].read_text() == summary_markdown(trace)
+    run = trace["run"]
+    assert run["command"].startswith("edge-sdk demo") and "--quick" in run["command"]
+    assert set(run["stages"]) == {"train", "quantize", "export", "replay", "report"}
+    assert run["total_s"] >= sum(run["stages"].values()) - 0.5  # stage times are rounded
+    ids = [c["id"] for c in run["configurations"]]
+    assert ids == list(read_manifest(demo["bundle"]).ids)
+    for c in {r["config_id"] for r in records}:  # every configuration that answered is listed
+        assert f"| {c} |" in demo["summary"].read_text()
