@@ -1,0 +1,390 @@
+"""The bundle manifest as a JSON Schema, generated from the schema dataclasses of
+:mod:`edge_sdk.bundle`, for apps that read ``manifest.yaml`` in another language.
+
+    python -m edge_sdk.manifest_schema                 # writes docs/manifest.schema.json
+    python -m edge_sdk.manifest_schema --check         # exit 1 if the committed file is stale
+    python -m edge_sdk.manifest_schema --out -         # print it
+
+:func:`manifest_json_schema` walks the fields of :class:`~edge_sdk.bundle.Manifest` and the
+records it holds (:class:`~edge_sdk.bundle.InputSpec`, :class:`~edge_sdk.bundle.Configuration`,
+:class:`~edge_sdk.bundle.FileEntry`, :class:`~edge_sdk.bundle.OutputSpec`): every key, its type
+(from the annotation), whether it is required (no default) and its default come from the
+dataclasses, so a field added, removed or retyped there changes the schema. What an annotation
+cannot say (allowed values, bounds, patterns) is added from :data:`CONSTRAINTS`, which names the
+bundle module's own constants (``SCOPES``, ``WEIGHT_ROUTES``, ...) and may only name fields that
+exist. Rules that relate several fields (a configuration's file count against its scope and
+samples, output rows against samples, one output class per label, unique ids) are checked by
+:func:`edge_sdk.bundle.read_manifest` and stated in the descriptions, not in the schema.
+
+:func:`validate` checks a value against the subset of JSON Schema (2020-12) emitted here, so
+the schema can be exercised without a third-party validator; it refuses keywords outside that
+subset rather than ignoring them.
+
+stdlib only, like the rest of the device package.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+from edge_sdk import bundle as B
+
+__all__ = ["CONSTRAINTS", "RECORDS", "SCHEMA_PATH", "manifest_json_schema", "schema_text",
+           "validate"]
+
+#: Where the committed copy lives (in a source checkout).
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "manifest.schema.json"
+RECORDS: tuple[type, ...] = (B.Manifest, B.InputSpec, B.OutputSpec, B.FileEntry,
+                             B.Configuration)
+
+_PROBABILITY = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
+
+#: Per ``Record.field``: what the annotation cannot say (keywords merged into the field's
+#: generated schema; ``items`` merges into the generated item schema). A test checks that every
+#: key names a real field.
+CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "Manifest.schema_version": {
+        "const": B.SCHEMA_VERSION, "required": True,
+        "description": "The format version; a reader refuses any other (read it first)."},
+    "Manifest.input": {"description": "What predict accepts, before normalisation."},
+    "Manifest.labels": {
+        "minItems": 1, "uniqueItems": True, "items": {"minLength": 1},
+        "description": "Class names, one per output class, in output order."},
+    "Manifest.source": {
+        "description": "Free-form provenance (checkpoint, data, export options): plain values."},
+    "Manifest.configurations": {
+        "minItems": 1,
+        "description": "Every runnable (width, scope, samples); ids unique."},
+    "InputSpec.shape": {
+        "minItems": 4, "maxItems": 4, "prefixItems": [{"const": 1}], "items": {"minimum": 1},
+        "description": "[1, H, W, C]: one sample per invoke (NHWC)."},
+    "InputSpec.layout": {"enum": list(B.LAYOUTS)},
+    "InputSpec.dtype": {"enum": list(B.INPUT_DTYPES)},
+    "InputSpec.value_range": {
+        "minItems": 2, "maxItems": 2,
+        "description": "[lo, hi], lo < hi: the raw values predict accepts (before "
+                       "normalisation); an image's 0..255 pixels map linearly onto it."},
+    "InputSpec.mean": {
+        "minItems": 1,
+        "description": "Per channel (C values): model input = (raw - mean) / std."},
+    "InputSpec.std": {"minItems": 1, "items": {"exclusiveMinimum": 0},
+                      "description": "Per channel (C values), > 0."},
+    "OutputSpec.kind": {
+        "enum": list(B.OUTPUT_KINDS),
+        "description": "logits: the softmax is the reader's, at the configuration's "
+                       "temperature."},
+    "OutputSpec.shape": {
+        "minItems": 2, "maxItems": 2, "items": {"minimum": 1},
+        "description": "[rows, classes] per invoke: [1, C] for point and all, [S, C] for head "
+                       "(S = samples); C = the number of labels."},
+    "FileEntry.name": {
+        "pattern": r"^[^./\\:][^/\\:]*\.tflite$",
+        "description": "A .tflite file directly inside the bundle directory."},
+    "FileEntry.sha256": {"pattern": "^[0-9a-f]{64}$",
+                         "description": "Lowercase hex; check it before use."},
+    "FileEntry.bytes": {"minimum": 1},
+    "Configuration.id": {"minLength": 1},
+    "Configuration.width": {"exclusiveMinimum": 0, "maximum": 1,
+                            "description": "Fraction of every nested layer's channels kept."},
+    "Configuration.scope": {
+        "enum": list(B.SCOPES),
+        "description": "point: the posterior mean, one file, one invoke. head: point backbone "
+                       "with S sampled classifiers in one graph, one file, output [S, C]. "
+                       "all: S fully sampled networks, S files, one invoke each, [1, C] each."},
+    "Configuration.samples": {"minimum": 1,
+                              "description": "Posterior samples S averaged (point: 1)."},
+    "Configuration.files": {
+        "minItems": 1,
+        "description": "One file (point, head) or one per sample (all), in sample order."},
+    "Configuration.invokes": {"minimum": 1,
+                              "description": "Invokes per prediction: 1, or S for scope all."},
+    "Configuration.temperature": {
+        "exclusiveMinimum": 0,
+        "description": "Divide every logit by it before the softmax (fitted on validation)."},
+    "Configuration.temperature_folded": {
+        "description": "Whether the files' logits already include 1/temperature (the "
+                       "exporter writes false; edge_sdk divides by temperature either way)."},
+    "Configuration.weights": {"enum": list(B.WEIGHT_ROUTES)},
+    "Configuration.macs": {"minimum": 0, "description": "Multiply-accumulates per invoke."},
+    "Configuration.params": {"minimum": 0},
+    "Configuration.unique_values": {"minimum": 0},
+    "Configuration.weight_entropy_bits": {"minimum": 0},
+    "Configuration.thresholds": {
+        "propertyNames": {"pattern": r"^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$"},
+        "additionalProperties": _PROBABILITY,
+        "description": "Target accuracy (a string such as '0.95') -> the minimum confidence "
+                       "at which answers reach it on validation (null: never); below it "
+                       "predict sets abstain."},
+    "Configuration.cascade": {
+        "additionalProperties": {
+            "type": "object", "required": ["threshold", "coverage", "max_loss"],
+            "additionalProperties": False,
+            "properties": {"threshold": _PROBABILITY,
+                           "coverage": {"type": "number", "minimum": 0, "maximum": 1},
+                           "max_loss": {"type": "number", "minimum": 0, "maximum": 1}}},
+        "description": "Id of a wider configuration of the same scope -> a two-stage plan: "
+                       "answer here when confidence >= threshold, else run that one."},
+    "Configuration.val_nll": {"minimum": 0,
+                              "description": "Validation NLL at the temperature: the budget "
+                                             "rule prefers the lowest."},
+    "Configuration.test": {
+        "description": "Test metrics: {raw: {...}, calibrated: {...}} (accuracy, nll, ece, "
+                       "brier, ...), measured through the written files."},
+    "Configuration.latency_ms": {"minimum": 0,
+                                 "description": "Per prediction, on the exporting host."},
+    "Configuration.memory_mb": {"minimum": 0,
+                                "description": "RSS increase of loading and running it."},
+}
+
+# keywords the generator emits and validate() implements; anything else is refused
+_ANNOTATIONS = {"$schema", "$id", "title", "description", "default", "$comment", "$defs"}
+_KEYWORDS = {"$ref", "type", "enum", "const", "minimum", "maximum", "exclusiveMinimum",
+             "minLength", "pattern", "minItems", "maxItems", "uniqueItems", "items",
+             "prefixItems", "properties", "required", "additionalProperties", "propertyNames",
+             "anyOf"}
+
+
+def _type_schema(tp: Any) -> dict[str, Any]:
+    """The schema of one annotation (the subset the bundle dataclasses use)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return {}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if dataclasses.is_dataclass(tp):
+        return {"$ref": f"#/$defs/{tp.__name__}"}
+    if origin in (Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        inner = _type_schema(options[0]) if len(options) == 1 else \
+            {"anyOf": [_type_schema(a) for a in options]}
+        if type(None) not in args:
+            return inner
+        if set(inner) == {"type"}:  # a plain type: ["number", "null"]
+            return {"type": [inner["type"], "null"]}
+        return {"anyOf": [inner, {"type": "null"}]}
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": _type_schema(args[0])}
+        if args and len(set(args)) == 1:
+            return {"type": "array", "items": _type_schema(args[0]),
+                    "minItems": len(args), "maxItems": len(args)}
+    if origin is dict and args and args[0] is str:
+        value = _type_schema(args[1])
+        return {"type": "object", **({"additionalProperties": value} if value else {})}
+    raise TypeError(f"no JSON Schema for the annotation {tp!r}; extend _type_schema")
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if key == "required":
+            continue
+        if key == "items" and isinstance(out.get("items"), dict):
+            out["items"] = {**out["items"], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _plain_default(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _manifest_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields a manifest holds: all but those marked ``metadata={"manifest": False}``
+    (e.g. the class names an input spec carries in a checkpoint, not in a manifest)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("manifest", True)]
+
+
+def _record_schema(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for f in _manifest_fields(cls):
+        extra = CONSTRAINTS.get(f"{cls.__name__}.{f.name}", {})
+        prop = _merge(_type_schema(hints[f.name]), extra)
+        if f.default is not dataclasses.MISSING:
+            prop["default"] = _plain_default(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            prop["default"] = _plain_default(f.default_factory())
+        if "default" not in prop or extra.get("required"):
+            required.append(f.name)
+        properties[f.name] = prop
+    first_paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]
+    doc = " ".join(first_paragraph.split()).replace("``", "`")
+    return {"type": "object", "description": doc, "properties": properties,
+            "required": required, "additionalProperties": False}
+
+
+def manifest_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of ``manifest.yaml``, from the bundle dataclasses."""
+    known = {f"{c.__name__}.{f.name}" for c in RECORDS for f in _manifest_fields(c)}
+    unknown = sorted(set(CONSTRAINTS) - known)
+    if unknown:
+        raise KeyError(f"CONSTRAINTS names fields the dataclasses do not have: {unknown}")
+    top = _record_schema(B.Manifest)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://edge-sdk/manifest.schema.v{B.SCHEMA_VERSION}.json",
+        "title": f"edge-sdk bundle manifest (manifest.yaml), schema version {B.SCHEMA_VERSION}",
+        "$comment": "Generated by `python -m edge_sdk.manifest_schema` from the dataclasses in "
+                    "edge_sdk/bundle.py; do not edit. Cross-field rules (files and invokes per "
+                    "scope and samples, output rows per scope, one output class per label, "
+                    "unique configuration ids, cascade targets wider and of the same scope) are "
+                    "checked by edge_sdk.bundle.read_manifest.",
+        **top,
+        "$defs": {cls.__name__: _record_schema(cls) for cls in RECORDS
+                  if cls is not B.Manifest},
+    }
+
+
+def schema_text() -> str:
+    """The committed file's exact text."""
+    return json.dumps(manifest_json_schema(), indent=2, ensure_ascii=True) + "\n"
+
+
+# --------------------------------------------------------------------------- validation
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, (list, tuple)),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """JSON equality: 1 == 1.0, but true != 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def validate(instance: Any, schema: dict[str, Any] | None = None) -> list[str]:
+    """The problems of ``instance`` against ``schema`` (default: :func:`manifest_json_schema`),
+    one ``path: message`` per problem; empty when it is valid."""
+    root = manifest_json_schema() if schema is None else schema
+    errors: list[str] = []
+    _check(instance, root, root, "manifest", errors)
+    return errors
+
+
+def _check(v: Any, s: dict[str, Any], root: dict[str, Any], path: str, errors: list[str]) -> None:
+    unknown = set(s) - _KEYWORDS - _ANNOTATIONS
+    if unknown:
+        raise ValueError(f"schema at {path} uses keywords this validator does not implement: "
+                         f"{sorted(unknown)}")
+    if "$ref" in s:
+        ref = s["$ref"]
+        if not ref.startswith("#/$defs/"):
+            raise ValueError(f"only local #/$defs/ references are supported, got {ref!r}")
+        _check(v, root["$defs"][ref[len("#/$defs/"):]], root, path, errors)
+    if "anyOf" in s:
+        if not any(not _probe(v, sub, root, path) for sub in s["anyOf"]):
+            errors.append(f"{path}: matches none of the allowed forms")
+    if "type" in s:
+        allowed = s["type"] if isinstance(s["type"], list) else [s["type"]]
+        if not any(_TYPES[t](v) for t in allowed):
+            errors.append(f"{path}: expected {' or '.join(allowed)}, got {type(v).__name__} "
+                          f"{v!r:.60}")
+            return
+    if "const" in s and not _equal(v, s["const"]):
+        errors.append(f"{path}: expected {s['const']!r}, got {v!r:.60}")
+    if "enum" in s and not any(_equal(v, e) for e in s["enum"]):
+        errors.append(f"{path}: expected one of {s['enum']}, got {v!r:.60}")
+    if _TYPES["number"](v):
+        if "minimum" in s and v < s["minimum"]:
+            errors.append(f"{path}: expected >= {s['minimum']}, got {v!r}")
+        if "maximum" in s and v > s["maximum"]:
+            errors.append(f"{path}: expected <= {s['maximum']}, got {v!r}")
+        if "exclusiveMinimum" in s and not v > s["exclusiveMinimum"]:
+            errors.append(f"{path}: expected > {s['exclusiveMinimum']}, got {v!r}")
+    if isinstance(v, str):
+        if "minLength" in s and len(v) < s["minLength"]:
+            errors.append(f"{path}: expected at least {s['minLength']} character(s)")
+        if "pattern" in s and not re.search(s["pattern"], v):
+            errors.append(f"{path}: {v!r:.60} does not match {s['pattern']}")
+    if isinstance(v, (list, tuple)):
+        if "minItems" in s and len(v) < s["minItems"]:
+            errors.append(f"{path}: expected at least {s['minItems']} item(s), got {len(v)}")
+        if "maxItems" in s and len(v) > s["maxItems"]:
+            errors.append(f"{path}: expected at most {s['maxItems']} item(s), got {len(v)}")
+        if s.get("uniqueItems") and any(_equal(a, b) for i, a in enumerate(v)
+                                        for b in v[i + 1:]):
+            errors.append(f"{path}: expected unique items")
+        prefix = s.get("prefixItems", [])
+        for i, item in enumerate(v):
+            sub = prefix[i] if i < len(prefix) else s.get("items")
+            if sub is not None:
+                _check(item, sub, root, f"{path}[{i}]", errors)
+    if isinstance(v, dict):
+        props = s.get("properties", {})
+        for key in s.get("required", []):
+            if key not in v:
+                errors.append(f"{path}.{key}: missing required key")
+        for key, item in v.items():
+            if "propertyNames" in s:
+                _check(key, s["propertyNames"], root, f"{path} key {key!r}", errors)
+            if key in props:
+                _check(item, props[key], root, f"{path}.{key}", errors)
+            elif s.get("additionalProperties") is False:
+                errors.append(f"{path}: unknown key {key!r}")
+            elif isinstance(s.get("additionalProperties"), dict):
+                _check(item, s["additionalProperties"], root, f"{path}.{key}", errors)
+
+
+def _probe(v: Any, s: dict[str, Any], root: dict[str, Any], path: str) -> list[str]:
+    found: list[str] = []
+    _check(v, s, root, path, found)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m edge_sdk.manifest_schema",
+        description="Write the manifest's JSON Schema, generated from edge_sdk/bundle.py.")
+    p.add_argument("--out", default=str(SCHEMA_PATH),
+                   help=f"file to write, '-' for stdout (default {SCHEMA_PATH})")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if --out differs from the generated schema")
+    args = p.parse_args(argv)
+    text = schema_text()
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    if args.check:
+        current = out.read_text() if out.is_file() else None
+        if current != text:
+            print(f"{out} is stale: regenerate it with python -m edge_sdk.manifest_schema",
+                  file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
