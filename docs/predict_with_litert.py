@@ -1,0 +1,131 @@
+"""`predict`'s answer from a bundle with plain LiteRT, numpy and a YAML parser: no edge_sdk.
+
+The worked example of docs/manifest.md, for apps that read the bundle themselves (in any
+language: every step is a few lines of array code). It reproduces
+``edge_sdk.load(bundle).predict(x, config_id=...)`` — label, probabilities, confidence,
+entropy, mutual information and abstain — and, with no configuration named, the configuration
+``predict`` picks without a budget (the lowest validation NLL; ties: larger width, then fewer
+invokes). tests/edge_sdk/test_predict_with_litert.py checks it against the runtime.
+
+    python docs/predict_with_litert.py BUNDLE x.npy [--config w1.00-head8] [--target 0.95]
+
+``x.npy``: one raw sample, [H, W, C] (a grey model also takes [H, W]), values in the manifest's
+``input.value_range``. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+try:  # LiteRT (pip install ai-edge-litert); tflite-runtime has the same Interpreter API
+    from ai_edge_litert.interpreter import Interpreter
+except ImportError:  # pragma: no cover - the tflite-runtime device venv
+    from tflite_runtime.interpreter import Interpreter
+
+
+def read_manifest(bundle: Path) -> dict:
+    manifest = yaml.safe_load((bundle / "manifest.yaml").read_text())  # plain data, no tags
+    if manifest["schema_version"] != 1:
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1")
+    return manifest
+
+
+def choose(manifest: dict, config_id: str | None) -> dict:
+    """The named configuration, else predict's unconstrained choice: the lowest validation
+    NLL, ties to the larger width, then to fewer invokes."""
+    configs = manifest["configurations"]
+    if config_id is not None:
+        return next(c for c in configs if c["id"] == config_id)
+    return min(configs, key=lambda c: (c["val_nll"], -c["width"], c["invokes"]))
+
+
+def normalise(manifest: dict, x: np.ndarray) -> np.ndarray:
+    """Raw sample -> the model's input tensor [1, H, W, C] float32: (raw - mean) / std."""
+    spec = manifest["input"]
+    _, h, w, c = spec["shape"]
+    x = np.asarray(x, dtype=np.float32)
+    if c == 1 and x.shape == (h, w):
+        x = x[..., None]  # grey [H, W]: add the channel axis
+    if x.shape != (h, w, c):
+        raise ValueError(f"expected one sample of shape {[h, w, c]}, got {list(x.shape)}")
+    lo, hi = spec["value_range"]
+    if not (np.isfinite(x).all() and x.min() >= lo and x.max() <= hi):
+        raise ValueError(f"values must be finite and lie in the raw range [{lo}, {hi}]")
+    mean = np.asarray(spec["mean"], np.float32)  # per channel: broadcasts on the last axis
+    std = np.asarray(spec["std"], np.float32)
+    return ((x - mean) / std)[None].astype(np.float32)
+
+
+def logits(bundle: Path, config: dict, x: np.ndarray, classes: int) -> np.ndarray:
+    """[S, C] logits: one invoke per file. point: [1, C]; head: one file answering [S, C];
+    all: S files answering [1, C] each, stacked in file order."""
+    rows = []
+    for entry in config["files"]:
+        path = bundle / entry["name"]
+        if hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
+            raise ValueError(f"{path}: sha256 differs from the manifest")
+        it = Interpreter(model_path=str(path), num_threads=1)
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        rows.append(it.get_tensor(it.get_output_details()[0]["index"]).reshape(-1, classes))
+    return np.concatenate(rows, 0)
+
+
+def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95") -> dict:
+    """Temperature, sample averaging, uncertainty and the abstain threshold."""
+    z = z.astype(np.float64) / config["temperature"]  # the same T divides every sample
+    z -= z.max(-1, keepdims=True)
+    p_s = np.exp(z) / np.exp(z).sum(-1, keepdims=True)  # softmax per posterior sample
+    p = p_s.mean(0)  # model average: the mean of the samples' probabilities
+    label = int(p.argmax())
+    confidence = float(p[label])
+
+    def entropy(q: np.ndarray) -> np.ndarray:
+        return -(q * np.log(np.where(q > 0, q, 1.0))).sum(-1)
+
+    predictive = float(entropy(p))
+    expected = float(entropy(p_s).mean())
+    threshold = config["thresholds"][target]  # None: no confidence reaches the target
+    return {
+        "label": label, "class_name": manifest["labels"][label],
+        "probs": [float(v) for v in p], "confidence": confidence,
+        "entropy": predictive,
+        "mutual_info": max(predictive - expected, 0.0) if len(p_s) > 1 else 0.0,
+        "abstain": threshold is None or confidence < threshold,
+        "config_id": config["id"], "width": config["width"], "scope": config["scope"],
+        "samples": config["samples"],
+    }
+
+
+def predict(bundle: str | Path, x: np.ndarray, config_id: str | None = None,
+            target: str = "0.95") -> dict:
+    bundle = Path(bundle)
+    manifest = read_manifest(bundle)
+    config = choose(manifest, config_id)
+    z = logits(bundle, config, normalise(manifest, x), len(manifest["labels"]))
+    return answer(manifest, config, z, target)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bundle")
+    p.add_argument("input", help=".npy holding one raw sample")
+    p.add_argument("--config", default=None, help="configuration id (default: predict's "
+                                                  "choice without a budget)")
+    p.add_argument("--target", default="0.95", help="target accuracy of the abstain threshold")
+    args = p.parse_args(argv)
+    out = predict(args.bundle, np.load(args.input, allow_pickle=False), args.config, args.target)
+    print(json.dumps(out))
+    return 0 if math.isfinite(out["confidence"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
