@@ -30,6 +30,16 @@ class BundleError(EdgeSdkError, ValueError):
     """A bundle directory or its manifest is invalid."""
 
 
+class InputSpecError(BundleError, DataError):
+    """An input spec is malformed: the manifest's ``input`` (a bundle problem) or the one the
+    training data gave and a checkpoint carries (a data problem), so it is both."""
+
+
+class InputSpecMismatchError(DataError):
+    """Data reloaded for a checkpoint (or bundle) do not match the input spec it carries:
+    another shape, dtype, value range, normalisation or class list. Names both values."""
+
+
 class BudgetError(EdgeSdkError, ValueError):
     """A budget is invalid, or (strict mode) cannot be met."""
 

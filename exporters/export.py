@@ -29,7 +29,7 @@ from exporters.slice import (make_slice, posterior_kind, posterior_samples, slic
 from exporters.tflite import export_point_slice
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict, config_to_dict
-from trainer.data import ArrayDataset, load_data, load_ood
+from trainer.data import load_data, load_ood, nhwc_inputs
 from trainer.evaluate import batches
 from trainer.layers import BayesNestedLayer
 
@@ -54,13 +54,6 @@ class ExportOptions:
     # where BN statistics are re-collected (auto = CUDA when available, else CPU)
     device: str = "auto"
     extra_source: dict = field(default_factory=dict)
-
-
-def _nhwc(ds: ArrayDataset, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
-    x, y = ds.x, ds.y
-    if limit is not None:
-        x, y = x[:limit], y[:limit]
-    return x.permute(0, 2, 3, 1).contiguous().numpy(), y.numpy()
 
 
 def slice_logits(files: list[bytes], scope: str, xs: np.ndarray) -> np.ndarray:
@@ -155,16 +148,18 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     cfg = config_from_dict(ckpt["config"])
     model = ckpt_io.model_from_checkpoint(ckpt)
     widths = snapped_widths(model, opts.widths, log)
-    data = load_data(cfg.data)
-    spec = data.spec
+    # the spec training normalised with, carried by the checkpoint; the reloaded data must
+    # match it (InputSpecMismatchError naming both values otherwise)
+    spec = ckpt_io.input_spec(ckpt)
+    data = load_data(cfg.data, spec)
     calib_ds = data.train if opts.calib_data is None else load_ood(opts.calib_data, spec)
     calib = batches(calib_ds, min(cfg.data.calib_samples, len(calib_ds)), cfg.seed, batch=256)
-    val_x, val_y = _nhwc(data.val, opts.max_eval)
+    val_x, val_y = nhwc_inputs(data.val, opts.max_eval)
     test_ds = data.test if opts.eval_data is None else load_ood(opts.eval_data, spec, labels=True)
-    test_x, test_y = _nhwc(test_ds, opts.max_eval)
+    test_x, test_y = nhwc_inputs(test_ds, opts.max_eval)
     ood_x = None
     if opts.ood_data is not None:
-        ood_x, _ = _nhwc(load_ood(opts.ood_data, spec), opts.max_eval)
+        ood_x, _ = nhwc_inputs(load_ood(opts.ood_data, spec), opts.max_eval)
     shape = list(spec.shape)
     classes = len(spec.classes)
     samples = posterior_samples(model, ckpt, opts.samples, opts.seed) \

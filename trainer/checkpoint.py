@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from edge_sdk.errors import CheckpointError
+from edge_sdk.bundle import InputSpec
+from edge_sdk.errors import CheckpointError, InputSpecError
 from trainer.models import NestedModel, create_model
 
 FORMAT = "edge-sdk-checkpoint"
@@ -47,6 +48,23 @@ def build_checkpoint(model: NestedModel, *, input_spec: dict, config: dict, spli
         "posterior": _cpu(posterior or {"kind": "gaussian"}),
         "train_state": _cpu(train_state),
     }
+
+
+def input_spec(ckpt: dict[str, Any]) -> InputSpec:
+    """The input spec the checkpoint carries: what training normalised with (the training
+    split's statistics) and its class names. Quantize and export reload the data against it
+    (``trainer.data.load_data(cfg, spec)``) rather than computing a new one."""
+    try:
+        spec = InputSpec.from_dict(ckpt.get("input_spec"), "input_spec")
+    except InputSpecError as exc:
+        raise CheckpointError(f"the checkpoint's input spec is not valid: {exc}") from None
+    if spec.classes is None:
+        raise CheckpointError("the checkpoint's input spec carries no class names "
+                              "(input_spec.classes)")
+    if list(spec.classes) != list(ckpt.get("classes", spec.classes)):
+        raise CheckpointError(f"the checkpoint's input spec names the classes {list(spec.classes)} "
+                              f"but its classes are {list(ckpt['classes'])}")
+    return spec
 
 
 def _cpu(obj: Any) -> Any:

@@ -19,12 +19,13 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edge_sdk.bundle import InputSpec  # the one input spec (manifest, checkpoint, data)
 from edge_sdk.errors import ConfigError, DataError
 
 from .config import BUILTIN_SOURCES, PATH_SOURCES, DataConfig, validate
@@ -36,110 +37,13 @@ __all__ = [
     "calibration_subset",
     "load_data",
     "load_ood",
+    "nhwc_inputs",
     "subset",
 ]
 
 AUGMENTS = ("none", "crop_flip")
 _CROP_PAD = 4  # pixels of padding before the random crop (the CIFAR recipe)
 _CHUNK = 1024  # samples per chunk when normalising: bounds temporaries on CIFAR-sized arrays
-_SPEC_KEYS = ("shape", "layout", "dtype", "value_range", "mean", "std", "classes")
-
-
-# --------------------------------------------------------------------------- input spec
-
-
-@dataclass(frozen=True, kw_only=True)
-class InputSpec:
-    """What the device feeds the model, and how to turn it into model input.
-
-    model input = (raw - mean) / std, per channel, in raw units.
-    """
-
-    shape: tuple[int, ...]  # (1, H, W, C): one NHWC sample as the device feeds it
-    layout: str = "NHWC"  # the TFLite convention
-    dtype: str  # "uint8" | "float32": raw input dtype on the device
-    value_range: tuple[float, float]  # raw pixel range, e.g. (0, 16) digits, (0, 255) images
-    mean: tuple[float, ...]  # per channel, raw units, from the TRAINING split
-    std: tuple[float, ...]
-    classes: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        # Coerce lists (from YAML / checkpoints) to tuples so specs compare and hash equal.
-        if isinstance(self.classes, str):  # tuple("abc") would silently make three classes
-            raise DataError(f"input spec classes must be a list of strings, got the string {self.classes!r}")
-        try:
-            shape = tuple(int(s) for s in self.shape)
-            value_range = tuple(float(v) for v in self.value_range)
-            mean = tuple(float(v) for v in self.mean)
-            std = tuple(float(v) for v in self.std)
-            classes = tuple(self.classes)
-        except (TypeError, ValueError) as exc:
-            raise DataError(f"input spec has a non-numeric or non-sequence field: {exc}") from exc
-        if self.layout != "NHWC":
-            raise DataError(f"input spec layout must be 'NHWC', got {self.layout!r}")
-        if len(shape) != 4 or shape[0] != 1 or min(shape) < 1:
-            raise DataError(f"input spec shape must be (1, H, W, C) with positive sizes, got {shape}")
-        if self.dtype not in ("uint8", "float32"):
-            raise DataError(f"input spec dtype must be 'uint8' or 'float32', got {self.dtype!r}")
-        if len(value_range) != 2 or not value_range[0] < value_range[1]:
-            raise DataError(f"input spec value_range must be (low, high) with low < high, got {value_range}")
-        channels = shape[3]
-        for name, stats in (("mean", mean), ("std", std)):
-            if len(stats) != channels or not all(math.isfinite(v) for v in stats):
-                raise DataError(
-                    f"input spec {name} must have {channels} finite value(s) (one per channel), got {stats}"
-                )
-        if min(std) <= 0:
-            raise DataError(f"input spec std must be > 0 per channel, got {std}")
-        if not classes or not all(isinstance(c, str) for c in classes):
-            raise DataError(f"input spec classes must be a non-empty list of strings, got {classes}")
-        for name, value in (("shape", shape), ("value_range", value_range), ("mean", mean), ("std", std),
-                            ("classes", classes)):
-            object.__setattr__(self, name, value)
-
-    @property
-    def channels(self) -> int:
-        return self.shape[3]
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain types (lists, not tuples): safe for yaml.safe_dump and weights_only loading."""
-        return {
-            "shape": list(self.shape),
-            "layout": self.layout,
-            "dtype": self.dtype,
-            "value_range": list(self.value_range),
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "classes": list(self.classes),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
-        if not isinstance(d, Mapping):
-            raise DataError(f"input spec must be a mapping, got {type(d).__name__}")
-        unknown = sorted(set(d) - set(_SPEC_KEYS))
-        missing = sorted(set(_SPEC_KEYS) - set(d) - {"layout"})
-        if unknown or missing:
-            raise DataError(
-                f"input spec keys must be {', '.join(_SPEC_KEYS)}; unknown: {unknown}, missing: {missing}"
-            )
-        return cls(**d)
-
-    def normalize(self, raw: np.ndarray) -> np.ndarray:
-        """Raw NHWC device input -> float32 NHWC model input (numpy only); grey images may
-        come as N x H x W (the channel axis is added, as for training data)."""
-        raw = np.asarray(raw)
-        if raw.ndim == 3 and self.channels == 1:
-            raw = raw[..., None]
-        if raw.ndim != 4 or raw.shape[1:] != self.shape[1:]:
-            raise DataError(f"expected raw input of shape (N, {', '.join(map(str, self.shape[1:]))}), got {raw.shape}")
-        mean = np.asarray(self.mean, dtype=np.float32)
-        std = np.asarray(self.std, dtype=np.float32)
-        return ((raw.astype(np.float32) - mean) / std).astype(np.float32)
 
 
 # --------------------------------------------------------------------------- dataset
@@ -231,6 +135,15 @@ def calibration_subset(ds: ArrayDataset, n: int, seed: int) -> ArrayDataset:
         raise DataError(f"calibration subset size must be an int >= 1, got {n!r}")
     perm = np.random.default_rng(seed).permutation(len(ds))
     return subset(ds, np.sort(perm[:n]), augment="none")
+
+
+def nhwc_inputs(ds: ArrayDataset, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(normalised model inputs as NHWC float32 numpy, labels) of ds, the first ``limit`` samples
+    (all when None): what the exporter and the report feed the interpreter."""
+    x, y = ds.x, ds.y
+    if limit is not None:
+        x, y = x[:limit], y[:limit]
+    return x.permute(0, 2, 3, 1).contiguous().numpy(), y.numpy()
 
 
 # --------------------------------------------------------------------------- raw sources
@@ -518,11 +431,17 @@ def _resolve_augment(augment: str, spec: InputSpec) -> str:
 # --------------------------------------------------------------------------- public loaders
 
 
-def load_data(cfg: DataConfig) -> DataSplits:
+def load_data(cfg: DataConfig, spec: InputSpec | None = None) -> DataSplits:
     """Train/val/test splits of cfg.source, stratified and deterministic in cfg.split_seed.
 
     Sources with a test split keep it untouched and carve val from train; the others
     (digits, imagefolder, an npz with an empty test set) are split three ways.
+
+    ``spec``: the input spec a checkpoint carries (what training normalised with). The
+    reloaded data are cross-checked against it (shape, dtype, value range, the training
+    split's mean and std, classes) and normalised with it; any difference raises
+    :class:`~edge_sdk.errors.InputSpecMismatchError` naming both values (the data changed
+    since training). Without it, the spec is computed from the training split.
     """
     if not isinstance(cfg, DataConfig):
         raise TypeError(f"load_data expects a DataConfig, got {type(cfg).__name__}")
@@ -552,7 +471,7 @@ def load_data(cfg: DataConfig) -> DataSplits:
             f"train/val/test splits with val_fraction={cfg.val_fraction}, test_fraction={cfg.test_fraction}"
         )
     mean, std = _channel_stats(x_train, raw.value_range)  # training split only: val/test stay unseen
-    spec = InputSpec(
+    found = InputSpec(
         shape=(1, *x_train.shape[1:]),
         dtype="uint8" if x_train.dtype == np.uint8 else "float32",
         value_range=raw.value_range,
@@ -560,6 +479,17 @@ def load_data(cfg: DataConfig) -> DataSplits:
         std=std,
         classes=raw.classes,
     )
+    if spec is None:
+        spec = found
+    else:
+        if not isinstance(spec, InputSpec) or spec.classes is None:
+            raise TypeError("load_data(spec=...) expects the InputSpec a checkpoint carries "
+                            f"(with classes), got {spec!r}")
+        spec.check_matches(
+            found, mine="the checkpoint has", theirs="the data give",
+            what=f"data source {cfg.source!r} (split seed {cfg.split_seed}) no longer matches the "
+                 "input spec the checkpoint was trained with; the data changed since training "
+                 "(restore them or retrain)")
     return DataSplits(
         train=ArrayDataset.from_raw(x_train, y_train, spec, _resolve_augment(cfg.augment, spec)),
         val=ArrayDataset.from_raw(x_val, y_val, spec),

@@ -9,15 +9,14 @@ in ``source.data``, capped at the recorded ``source.max_eval``); OOD data likewi
 """
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.bundle import Configuration, Manifest, resolve_file
+from edge_sdk.bundle import Configuration, InputSpec, Manifest, resolve_file
 from edge_sdk.errors import BundleError, ConfigError, DataError, EdgeSdkError
 
 __all__ = ["ConfigResult", "EvalData", "evaluate_configuration", "load_eval_data"]
@@ -51,25 +50,9 @@ class ConfigResult:
         return self.probs.argmax(axis=1) == labels
 
 
-def _nhwc(ds, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
-    x, y = ds.x, ds.y  # normalised NCHW tensors and labels (trainer.data.ArrayDataset)
-    if limit is not None:
-        x, y = x[:limit], y[:limit]
-    return x.permute(0, 2, 3, 1).contiguous().numpy(), y.numpy()
-
-
-def _input_spec(manifest: Manifest):
-    from trainer.data import InputSpec
-
-    d = manifest.input.to_dict()
-    return InputSpec(shape=d["shape"], layout=d["layout"], dtype=d["dtype"],
-                     value_range=d["value_range"], mean=d["mean"], std=d["std"],
-                     classes=tuple(manifest.labels))
-
-
-def _close(a: Sequence[float], b: Sequence[float]) -> bool:
-    return len(a) == len(b) and all(math.isclose(u, v, rel_tol=1e-6, abs_tol=1e-9)
-                                    for u, v in zip(a, b))
+def _input_spec(manifest: Manifest) -> InputSpec:
+    """The manifest's input spec with its labels as the classes: what the data must match."""
+    return replace(manifest.input, classes=tuple(manifest.labels))
 
 
 def load_eval_data(manifest: Manifest, eval_data: str | None = None,
@@ -85,7 +68,7 @@ def load_eval_data(manifest: Manifest, eval_data: str | None = None,
     ``source.ood_data`` (skipped with a warning when that recorded source no longer loads).
     """
     from trainer.config import config_from_dict
-    from trainer.data import load_data, load_ood
+    from trainer.data import load_data, load_ood, nhwc_inputs
 
     if max_eval is not None and (isinstance(max_eval, bool) or not isinstance(max_eval, int)
                                  or max_eval < 1):
@@ -115,14 +98,16 @@ def load_eval_data(manifest: Manifest, eval_data: str | None = None,
         except ConfigError as exc:
             raise BundleError(f"manifest source.data is not a valid data config: {exc}") from None
         splits = load_data(cfg)
-        if not (_close(splits.spec.mean, spec.mean) and _close(splits.spec.std, spec.std)):
-            log(f"warning: the training split of {cfg.source!r} no longer has the normalisation "
-                "statistics the bundle was exported with; the data changed since the export, so "
-                "the recomputed numbers are not on the exported test split")
+        diffs = spec.mismatches(splits.spec)
+        if diffs:
+            listed = "; ".join(f"{name} {a} in the bundle, {b} now" for name, a, b in diffs)
+            log(f"warning: the training split of {cfg.source!r} no longer has the input spec "
+                f"the bundle was exported with ({listed}); the data changed since the export, "
+                "so the recomputed numbers are not on the exported test split")
             same = False
         ds = splits.test
         description = f"test split of `{cfg.source}` (split seed {cfg.split_seed}){cap}"
-    x, y = _nhwc(ds, max_eval)
+    x, y = nhwc_inputs(ds, max_eval)
     if y.min() < 0 or y.max() >= len(manifest.labels):
         raise DataError(f"evaluation data {description}: labels must be class indices in "
                         f"[0, {len(manifest.labels)}) (the bundle's labels), got values in "
@@ -131,7 +116,7 @@ def load_eval_data(manifest: Manifest, eval_data: str | None = None,
     ood_source = ood_data if ood_data is not None else src.get("ood_data")
     if ood_source is not None:
         try:
-            ood_x, _ = _nhwc(load_ood(str(ood_source), spec), max_eval)
+            ood_x, _ = nhwc_inputs(load_ood(str(ood_source), spec), max_eval)
             ood_desc = f"`{ood_source}`{cap}"
         except (EdgeSdkError, OSError) as exc:
             if ood_data is not None:

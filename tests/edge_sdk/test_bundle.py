@@ -686,3 +686,55 @@ def test_cascade_plan_must_point_to_a_wider_configuration():
         "w0.50-point": {"threshold": 0.9, "coverage": 0.6, "max_loss": 0.0}}
     with pytest.raises(b.BundleError, match=r"configurations\[3\]\.cascade"):
         b.Manifest.from_dict(d)
+
+
+# --------------------------------------------------------------------------- the one InputSpec
+
+
+def _spec(**change: Any) -> b.InputSpec:
+    fields = {"shape": (1, 8, 8, 1), "dtype": "float32", "value_range": (0.0, 16.0),
+              "mean": (4.9,), "std": (6.0,), "classes": tuple(LABELS)}
+    return b.InputSpec(**{**fields, **change})
+
+
+def test_input_spec_carries_classes_for_checkpoints_never_in_a_manifest():
+    from dataclasses import replace
+
+    from edge_sdk.errors import DataError, InputSpecError
+
+    spec = _spec()
+    assert spec.to_dict()["classes"] == list(LABELS) and spec.num_classes == len(LABELS)
+    assert b.InputSpec.from_dict(yaml.safe_load(yaml.safe_dump(spec.to_dict()))) == spec
+    bare = replace(spec, classes=None)  # the manifest's input: labels are top-level
+    assert "classes" not in bare.to_dict()
+    assert b.Manifest.from_dict(manifest_dict()).input == bare
+    d = manifest_dict()
+    d["input"]["classes"] = list(LABELS)
+    with pytest.raises(BundleError, match=r"^input\.classes: unknown key"):
+        b.Manifest.from_dict(d)
+    # one error type for both readers: a bundle problem and a data problem
+    for bad in ({"dtype": "int16"}, {"std": (0.0,)}, {"classes": ()}, {"classes": "abc"},
+                {"mean": (1.0, 2.0)}):
+        with pytest.raises(InputSpecError) as err:
+            _spec(**bad)
+        assert isinstance(err.value, BundleError) and isinstance(err.value, DataError)
+    with pytest.raises(InputSpecError, match=r"input_spec: unknown key\(s\) 'extra'"):
+        b.InputSpec.from_dict({**spec.to_dict(), "extra": 1}, "input_spec")
+
+
+def test_input_spec_check_matches_names_both_values():
+    from edge_sdk.errors import DataError, InputSpecMismatchError
+
+    spec = _spec()
+    spec.check_matches(_spec(mean=(4.9 * (1 + 1e-9),)), what="same")  # recomputed: tolerance
+    spec.check_matches(_spec(classes=None), what="same")  # classes compared only when both carry them
+    other = _spec(shape=(1, 7, 7, 1), std=(6.5,), classes=("a", "b"))
+    assert [name for name, _, _ in spec.mismatches(other)] == ["shape", "std", "classes"]
+    with pytest.raises(InputSpecMismatchError) as err:
+        spec.check_matches(other, what="reloaded data", mine="the checkpoint has",
+                           theirs="the data give")
+    msg = str(err.value)
+    assert isinstance(err.value, DataError)
+    assert msg.startswith("reloaded data: shape: the checkpoint has (1, 8, 8, 1), the data give "
+                          "(1, 7, 7, 1); std: the checkpoint has (6,), the data give (6.5,); ")
+    assert "classes: the checkpoint has" in msg and "the data give ('a', 'b')" in msg

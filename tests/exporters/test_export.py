@@ -666,3 +666,54 @@ def test_cascade_threshold_accepts_everything_when_the_narrow_one_is_as_good():
     narrow, _, labels = _cascade_case()
     plan = cascade_threshold(narrow, narrow, labels, 0.0)
     assert plan["coverage"] == 1.0 and plan["threshold"] == pytest.approx(narrow.max(1).min())
+
+
+# ----------------------------------------------------------------- 8. the carried input spec
+@pytest.mark.filterwarnings("ignore::exporters.calibrate.CalibrationWarning")  # 9 val samples
+def test_export_and_quantize_refuse_data_that_changed_since_training(workdir):
+    """The checkpoint carries the input spec training normalised with; export and quantize
+    reload the data against it, and data that changed since (here: pixel values rescaled in
+    the npz) stop both before anything is written, naming both values."""
+    import dataclasses
+
+    from edge_sdk.errors import CheckpointError, InputSpecMismatchError
+    from trainer.quantize.run import quantize_checkpoint
+    from trainer.train import train
+
+    rng = np.random.default_rng(0)
+    x_train = rng.uniform(0, 16, (90, 8, 8)).astype(np.float32)
+    x_test = rng.uniform(0, 16, (30, 8, 8)).astype(np.float32)
+    y_train, y_test = np.arange(90) % 3, np.arange(30) % 3
+    npz = workdir / "drift.npz"
+    np.savez(npz, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    cfg = load_config("digits", [f"data.source=npz:{npz}", "train.epochs=1",
+                                 "train.eval_every=100", "data.calib_samples=16"])
+    checkpoint = train(cfg, workdir / "drift_run", **QUIET).checkpoint
+    carried = ckpt_io.input_spec(ckpt_io.load_checkpoint(checkpoint))
+    assert carried.classes == ("0", "1", "2") and carried.shape == (1, 8, 8, 1)
+    opts = ExportOptions(widths=[1.0], scopes=["point"], measure=False, max_eval=10)
+    bundle = export_bundle(checkpoint, workdir / "drift_ok", opts, **QUIET)  # unchanged data
+    manifest = read_manifest(bundle)
+    assert manifest.input == dataclasses.replace(carried, classes=None)
+    assert manifest.labels == carried.classes
+
+    np.savez(npz, x_train=x_train * 0.5, y_train=y_train, x_test=x_test, y_test=y_test)
+    now = load_data(cfg.data).spec
+    out = workdir / "drift_bundle"
+    with pytest.raises(InputSpecMismatchError) as err:
+        export_bundle(checkpoint, out, opts, **QUIET)
+    msg = str(err.value)
+    assert "no longer matches the input spec the checkpoint was trained with" in msg
+    assert (f"mean: the checkpoint has ({carried.mean[0]:.9g},), "
+            f"the data give ({now.mean[0]:.9g},)") in msg
+    assert not out.exists()
+    with pytest.raises(InputSpecMismatchError, match="value_range: the checkpoint has"):
+        quantize_checkpoint(checkpoint, load_config("digits", ["quantize.method=pwfn"]),
+                            workdir / "drift_pwfn", **QUIET)
+    assert not (workdir / "drift_pwfn").exists()
+
+    broken = ckpt_io.load_checkpoint(checkpoint)
+    broken["input_spec"]["std"] = [0.0]
+    ckpt_io.save_checkpoint(broken, workdir / "broken_spec.pt")
+    with pytest.raises(CheckpointError, match=r"input spec is not valid: input_spec\.std\[0\]"):
+        export_bundle(workdir / "broken_spec.pt", workdir / "broken_bundle", opts, **QUIET)

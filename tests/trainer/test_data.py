@@ -324,3 +324,45 @@ def test_imagefolder_source(tmp_path):
         assert set(split.y.tolist()) == {0, 1}
     ood = load_ood(f"imagefolder:{tmp_path}", splits.spec)  # resized to the spec's size
     assert ood.x.shape == (12, 3, 8, 8)
+
+
+# --------------------------------------------------------------------------- a carried input spec
+
+
+def test_load_data_uses_a_carried_spec_after_checking_it(digits):
+    """quantize/export pass the checkpoint's spec: the reloaded data are checked against it
+    and normalised with it (the recomputed statistics only serve the check)."""
+    from dataclasses import replace
+
+    assert isinstance(digits.spec, InputSpec) and InputSpec.__module__ == "edge_sdk.bundle"
+    again = load_data(DataConfig(source="digits", split_seed=0), digits.spec)
+    assert again.spec == digits.spec and torch.equal(again.test.x, digits.test.x)
+    carried = replace(digits.spec, mean=(digits.spec.mean[0] * (1 + 1e-9),))  # within tolerance
+    assert load_data(DataConfig(source="digits", split_seed=0), carried).spec == carried
+
+
+def test_load_data_refuses_data_that_changed_since_training(digits, tmp_path):
+    from dataclasses import replace
+
+    from edge_sdk.errors import InputSpecMismatchError
+
+    shifted = replace(digits.spec, mean=(digits.spec.mean[0] + 0.5,))
+    with pytest.raises(InputSpecMismatchError) as err:
+        load_data(DataConfig(source="digits", split_seed=0), shifted)
+    msg = str(err.value)
+    assert "data source 'digits' (split seed 0) no longer matches the input spec" in msg
+    assert (f"mean: the checkpoint has ({shifted.mean[0]:.9g},), "
+            f"the data give ({digits.spec.mean[0]:.9g},)") in msg
+    assert "std" not in msg  # only what differs is named
+
+    path = _write_npz(tmp_path / "toy.npz")
+    cfg = DataConfig(source=f"npz:{path}")
+    spec = load_data(cfg).spec
+    _write_npz(tmp_path / "toy.npz", hw=(7, 7))  # the file was replaced after training
+    with pytest.raises(InputSpecMismatchError,
+                       match=r"shape: the checkpoint has \(1, 6, 6, 1\), the data give \(1, 7, 7, 1\)"):
+        load_data(cfg, spec)
+    _write_npz(tmp_path / "toy.npz", classes=("a", "b", "z"))
+    with pytest.raises(InputSpecMismatchError, match=r"classes: the checkpoint has \('a', 'b', 'c'\), "
+                                                     r"the data give \('a', 'b', 'z'\)"):
+        load_data(cfg, spec)

@@ -81,10 +81,9 @@ def quantize_checkpoint(checkpoint: str | os.PathLike, cfg: Config | None = None
     if cfg is not None:
         trained.quantize = cfg.quantize
     model = ckpt_io.model_from_checkpoint(state)
-    data = load_data(trained.data)
-    if list(data.spec.classes) != list(state["classes"]):
-        raise CheckpointError(f"the checkpoint's data source now gives classes "
-                              f"{list(data.spec.classes)}, the checkpoint has {state['classes']}")
+    # the data reloaded against the spec training normalised with (InputSpecMismatchError if
+    # they changed since), which the quantized checkpoint then carries on
+    data = load_data(trained.data, ckpt_io.input_spec(state))
     out = Path(out_dir) if out_dir else default_out_dir(checkpoint, trained.quantize.method)
     return quantize_model(model, trained, data, out, base_metrics=state.get("metrics"),
                           progress=progress, log=log)
