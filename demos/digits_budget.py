@@ -14,7 +14,8 @@
 
 Budgets are set relative to the latencies this process measures for each configuration in a
 short warm-up, so every phase means the same thing on a fast laptop and a slow CI runner.
-Wall time on a 2-core machine: see the README's demo section, which states the run it quotes.
+Wall time on a 2-core machine busy with other jobs: 12 min 43 s for ``make demo``, 1 min 23 s
+to 2 min 26 s with ``--quick`` (README, Quick start, states the commands and the load).
 """
 from __future__ import annotations
 
@@ -332,9 +333,11 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
 def demo_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="edge-sdk demo", description=__doc__.splitlines()[0],
-        epilog="Writes runs/demo/{train,pwfn,bundle,report}/, trace.json and summary.md (the "
-               "README's demo section). The README's demo section states how long the full run "
-               "and --quick took on the 2-core machine it quotes.")
+        epilog="Writes <out>/{train,pwfn,bundle,report}/, trace.json and summary.md (the "
+               "README's demo section, generated from trace.json). Wall time, measured on a "
+               "2-core machine busy with other jobs (load average 4.5-5): the full run 12 min "
+               "43 s, --quick 1 min 23 s to 2 min 26 s; an idle machine is faster (README, "
+               "Quick start).")
     p.add_argument("--method", choices=["pwfn", "sqs", "none"], default="pwfn",
                    help="quantizer between training and export (default pwfn)")
     p.add_argument("--out", default="runs/demo", help="run directory (its stages are replaced)")
@@ -342,8 +345,9 @@ def demo_main(argv: list[str]) -> int:
     p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
     p.add_argument("--calls", type=int, default=300, help="predictions per budget phase")
     p.add_argument("--quick", action="store_true",
-                   help="the same pipeline with every stage cut short (3 epochs, no PWFN "
-                        "retraining, 200 evaluation samples): what CI runs")
+                   help="the same pipeline with every stage cut short (3 training epochs, no "
+                        "retraining between PWFN rounds or 1 SQS epoch, 200 evaluation "
+                        "samples): what CI runs")
     p.add_argument("--summary-of", metavar="TRACE", default=None,
                    help="print the summary.md of an existing trace.json and exit (runs nothing)")
     p.add_argument("--no-progress", action="store_true")

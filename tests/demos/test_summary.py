@@ -1,0 +1,163 @@
+"""The demo's summary.md (the README's demo section) is generated from a trace alone: a small
+synthetic trace gives markdown holding exactly its figures, and the README's section has the
+generator's format. No torch: runs in the device-side CI too."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from demos.digits_budget import (CONFIG_HEADER, PHASE_HEADER, SUMMARY_BEGIN, SUMMARY_END,
+                                 command_line, demo_main, summary_markdown, write_summary)
+from edge_sdk.errors import InputError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _record(step, phase, config, ms, correct, conf, met, abstain, lat=None, mem=None):
+    return {"step": step, "phase": phase, "budget_latency_ms": lat, "budget_memory_mb": mem,
+            "config_id": config, "width": float(config[1:5]), "samples": 8, "latency_ms": ms,
+            "budget_met": met, "correct": correct, "confidence": conf, "abstain": abstain}
+
+
+@pytest.fixture
+def trace() -> dict:
+    records = [
+        # unconstrained: 3 of 4 calls by w1.00-all8, mean 0.25 ms, accuracy 0.75
+        _record(0, "unconstrained", "w1.00-all8", 0.3, True, 0.9, True, False),
+        _record(1, "unconstrained", "w1.00-all8", 0.3, True, 0.8, True, False),
+        _record(2, "unconstrained", "w1.00-all8", 0.3, False, 0.6, True, True),
+        _record(3, "unconstrained", "w0.50-head8", 0.1, True, 0.7, True, False),
+        # battery saver at 0.0432 ms: half the calls over budget
+        _record(4, "battery saver", "w0.25-point", 0.04, True, 0.5, True, False, lat=0.0432),
+        _record(5, "battery saver", "w0.25-point", 0.06, False, 0.5, False, True, lat=0.0432),
+        # memory squeeze at 3.9612 MB
+        _record(6, "memory squeeze", "w0.75-head8", 0.05, True, 0.95, True, False, mem=3.9612),
+    ]
+    configurations = [
+        {"id": "w0.25-point", "acc": 0.8551, "acc_T": 0.8552, "ece": 0.4757, "ece_T": 0.0503,
+         "T": 0.2345, "macs": 86848, "kib": 13.04, "latency_ms": 0.0061, "memory_mb": 3.64},
+        {"id": "w1.00-all8", "acc": 0.9873, "acc_T": 0.9874, "ece": 0.0689, "ece_T": 0.0181,
+         "T": 0.5812, "macs": 1330432, "kib": 1228.93, "latency_ms": None, "memory_mb": None},
+    ]
+    run = {"command": "edge-sdk demo --quick", "method": "pwfn", "quick": True, "epochs": 3,
+           "samples": 8, "calls": 300,
+           "host": {"cpus": 2, "system": "Linux x86_64", "python": "3.11.9",
+                    "load_average": 5.1},
+           "backend": "litert",
+           "stages": {"train": 48.94, "quantize": 25.6, "export": 46.2, "replay": 1.4,
+                      "report": 12.2},
+           "total_s": 145.3, "data": {"train": 1259, "val": 179, "test": 359}, "evaluated": 200,
+           "bundle": "runs/demo/bundle", "trace": "runs/demo/trace.json",
+           "figure": "runs/demo/report/trace.png", "configurations": configurations}
+    return {"records": records, "run": run}
+
+
+def test_the_summary_holds_the_run_and_its_stage_times(trace):
+    md = summary_markdown(trace)
+    assert md.startswith(SUMMARY_BEGIN + "\n") and md.endswith(SUMMARY_END + "\n")
+    first = md.splitlines()[1]
+    assert first.startswith("`edge-sdk demo --quick` on 2 CPUs (Linux x86_64, Python 3.11.9, "
+                            "backend `litert`, load average 5.1 when it started): **145.3 s**")
+    for part in ("train 48.9 s", "quantize (pwfn) 25.6 s", "export of 2 configurations 46.2 s",
+                 "budget replay 1.4 s", "report 12.2 s", "1259 training, 179 validation, 359 test",
+                 "3 epochs", "test split, 200 samples", "300 calls per phase",
+                 "`runs/demo/trace.json`", "`runs/demo/report/trace.png`",
+                 "`runs/demo/bundle/manifest.yaml`"):
+        assert part in md, part
+
+
+def test_the_configuration_table_is_the_traces(trace):
+    md = summary_markdown(trace)
+    assert CONFIG_HEADER in md
+    assert ("| w0.25-point | 0.8551 | 0.8552 | 0.4757 | 0.0503 | 0.23 | 86848 | 13.0 | 0.006 "
+            "| 3.6 |") in md
+    # not measured (--no-measure): a dash, never a made-up number
+    assert "| w1.00-all8 | 0.9873 | 0.9874 | 0.0689 | 0.0181 | 0.58 | 1330432 | 1228.9 | – | – |" \
+        in md
+
+
+def test_the_phase_table_is_computed_from_the_records(trace):
+    md = summary_markdown(trace)
+    assert PHASE_HEADER in md
+    after = md[md.index(PHASE_HEADER) + len(PHASE_HEADER):]
+    rows = [ln for ln in after.splitlines() if ln.startswith("| ")]
+    assert rows == [
+        "| unconstrained | – | – | w1.00-all8 75%, w0.50-head8 25% | 0.25 | 0.750 | 0.750 "
+        "| 100.0% | 25.0% |",
+        "| battery saver | 0.0432 ms | – | w0.25-point 100% | 0.05 | 0.500 | 0.500 | 50.0% "
+        "| 50.0% |",
+        "| memory squeeze | – | 3.96 MB | w0.75-head8 100% | 0.05 | 1.000 | 0.950 | 100.0% "
+        "| 0.0% |",
+    ]
+
+
+def test_a_different_trace_gives_different_figures(trace):
+    before = summary_markdown(trace)
+    trace["records"][0]["latency_ms"] = 1.1  # unconstrained mean 0.25 -> 0.45
+    trace["run"]["stages"]["export"] = 7.0
+    after = summary_markdown(trace)
+    assert "| 0.45 |" in after and "export of 2 configurations 7.0 s" in after
+    assert after != before
+
+
+def test_write_summary_reads_the_trace_file(trace, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    out = write_summary(path)
+    assert out == tmp_path / "summary.md"
+    assert out.read_text() == summary_markdown(trace)
+
+
+def test_summary_of_prints_it_for_an_existing_trace(trace, tmp_path, capsys):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    assert demo_main(["--summary-of", str(path)]) == 0
+    assert capsys.readouterr().out == summary_markdown(trace)
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"records": []})])
+def test_summary_of_a_file_that_is_not_a_demo_trace_is_an_input_error(content, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match="--summary-of"):
+        demo_main(["--summary-of", str(path)])
+
+
+@pytest.mark.parametrize("kwargs, want", [
+    ({}, "edge-sdk demo"),
+    ({"quick": True}, "edge-sdk demo --quick"),
+    ({"method": "sqs", "out": Path("/tmp/d"), "epochs": 5, "samples": 4, "calls": 25},
+     "edge-sdk demo --method sqs --out /tmp/d --epochs 5 --samples 4 --calls 25"),
+])
+def test_command_line_names_only_what_differs_from_the_defaults(kwargs, want):
+    args = {"out": Path("runs/demo"), "method": "pwfn", "quick": False, "epochs": None,
+            "samples": 8, "calls": 300, **kwargs}
+    assert command_line(**args) == want
+
+
+def test_the_readme_demo_section_is_a_pasted_summary():
+    """The README quotes one summary.md verbatim: between the generator's markers, with its
+    sentence and both of its tables in the generator's format."""
+    text = README.read_text()
+    assert text.count(SUMMARY_BEGIN) == 1 and text.count(SUMMARY_END) == 1
+    block = text[text.index(SUMMARY_BEGIN):text.index(SUMMARY_END) + len(SUMMARY_END)]
+    lines = block.splitlines()
+    assert re.match(r"`edge-sdk demo[^`]*` on \d+ CPUs \(.*\): \*\*[\d.]+ s\*\* wall in all — "
+                    r"train [\d.]+ s", lines[1]), lines[1]
+    assert CONFIG_HEADER in block and PHASE_HEADER in block
+    n_cols = {CONFIG_HEADER: 10, PHASE_HEADER: 9}
+    for header, cols in n_cols.items():
+        start = lines.index(header.splitlines()[0]) + 2
+        rows = []
+        for ln in lines[start:]:
+            if not ln.startswith("|"):
+                break
+            rows.append(ln)
+        assert rows, header
+        assert all(ln.count("|") == cols + 1 for ln in rows), rows
+    # the command that produced it is stated next to it
+    assert "`make demo`" in text[text.rindex("\n## ", 0, text.index(SUMMARY_BEGIN)):
+                                 text.index(SUMMARY_BEGIN)]
