@@ -1,7 +1,7 @@
 """The bundle manifest as a JSON Schema, generated from the schema dataclasses of
 :mod:`edge_sdk.bundle`, for apps that read ``manifest.yaml`` in another language.
 
-    python -m edge_sdk.manifest_schema                 # writes docs/manifest.schema.json
+    python -m edge_sdk.manifest_schema                 # writes docs/manifest.schema.json (checkout)
     python -m edge_sdk.manifest_schema --check         # exit 1 if the committed file is stale
     python -m edge_sdk.manifest_schema --out -         # print it
 
@@ -39,8 +39,11 @@ from edge_sdk import bundle as B
 __all__ = ["CONSTRAINTS", "RECORDS", "SCHEMA_PATH", "manifest_json_schema", "schema_text",
            "validate"]
 
-#: Where the committed copy lives (in a source checkout).
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "manifest.schema.json"
+_CHECKOUT = Path(__file__).resolve().parents[1]
+#: The default output: the committed copy in a source checkout; installed from a wheel (no
+#: checkout around it), ``manifest.schema.json`` in the working directory.
+SCHEMA_PATH = _CHECKOUT / "docs" / "manifest.schema.json" \
+    if (_CHECKOUT / "pyproject.toml").is_file() else Path("manifest.schema.json")
 RECORDS: tuple[type, ...] = (B.Manifest, B.InputSpec, B.OutputSpec, B.FileEntry,
                              B.Configuration)
 

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,18 +20,33 @@ from edge_sdk import manifest_schema as ms
 from edge_sdk.errors import BundleError
 from test_bundle import manifest_dict
 
+# the committed copy, found from the checkout: in the tflite-runtime CI venv edge_sdk itself is
+# imported from the installed wheel
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "manifest.schema.json"
+
 
 def test_the_committed_schema_is_the_generated_one():
-    assert ms.SCHEMA_PATH.is_file(), "write it: python -m edge_sdk.manifest_schema"
-    assert ms.SCHEMA_PATH.read_text() == ms.schema_text(), \
+    assert COMMITTED.is_file(), "write it: python -m edge_sdk.manifest_schema"
+    assert COMMITTED.read_text() == ms.schema_text(), \
         "docs/manifest.schema.json is stale: python -m edge_sdk.manifest_schema"
 
 
-def test_the_check_command_agrees():
-    r = subprocess.run([sys.executable, "-m", "edge_sdk.manifest_schema", "--check"],
-                       capture_output=True, text=True, timeout=60)
+def test_the_check_command_agrees(tmp_path):
+    check = [sys.executable, "-m", "edge_sdk.manifest_schema", "--check", "--out"]
+    r = subprocess.run([*check, str(COMMITTED)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "up to date" in r.stdout
+    stale = tmp_path / "stale.json"
+    stale.write_text(COMMITTED.read_text().replace("NHWC", "NCHW"))
+    r = subprocess.run([*check, str(stale)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "stale" in r.stderr
+    assert "NCHW" in stale.read_text()  # --check writes nothing
+
+
+def test_in_a_checkout_it_writes_the_committed_file_by_default():
+    if not (COMMITTED.parents[1] / "edge_sdk" / "manifest_schema.py").samefile(ms.__file__):
+        pytest.skip("edge_sdk is the installed wheel here")
+    assert ms.SCHEMA_PATH == COMMITTED
 
 
 def test_an_exported_manifest_validates(bundle):
@@ -176,6 +192,6 @@ def test_the_validator_refuses_keywords_it_does_not_implement():
 
 
 def test_the_file_is_plain_json_with_the_draft_named():
-    data = json.loads(ms.SCHEMA_PATH.read_text())
+    data = json.loads(COMMITTED.read_text())
     assert data["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert data["properties"]["schema_version"]["const"] == b.SCHEMA_VERSION
