@@ -54,18 +54,17 @@ from edge_sdk import metrics as M  # noqa: E402
 from exporters.calibrate import fit_temperature, predictive_probs  # noqa: E402
 import trainer.quantize.pwfn  # noqa: E402,F401  (imported up front: fail fast, not after hours)
 import trainer.quantize.sqs  # noqa: E402,F401
-from edge_sdk.bundle import read_manifest  # noqa: E402
+from edge_sdk.bundle import SCOPES, read_manifest  # noqa: E402
 from exporters.export import ExportOptions, export_bundle, slice_logits  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.quantize.run import quantize_model  # noqa: E402
 from trainer.train import train  # noqa: E402
-from trainer.data import load_data, load_ood, subset  # noqa: E402
+from trainer.data import load_data, load_ood, nhwc_inputs, subset  # noqa: E402
 from trainer.evaluate import batches  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
-SCOPES = ("point", "head", "all")
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ def _subset(ds, n: int | None):
 
 
 def _nhwc(ds) -> np.ndarray:
-    return ds.x.permute(0, 2, 3, 1).contiguous().numpy()
+    return nhwc_inputs(ds)[0]
 
 
 def bundle_rows(bundle: Path, method: str, eval_sets: dict, labels: np.ndarray,

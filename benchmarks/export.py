@@ -3,7 +3,7 @@
 full model, export wall time, and quality per configuration (with OOD AUROC when given).
 
     python benchmarks/export.py --checkpoint runs/fashion_mnist/checkpoint.pt --out /tmp/bundle \
-        [--ood-data npz:../shared/data/notmnist_test.npz] [--samples 8] [--max-eval 2000]
+        [--ood-data npz:DIR/notmnist_test.npz] [--samples 8] [--max-eval 2000]
 """
 from __future__ import annotations
 

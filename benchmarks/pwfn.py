@@ -11,7 +11,7 @@ Variants (same checkpoint, same data, same retraining budget, one process):
     python benchmarks/pwfn.py --checkpoint runs/fashion_mnist/checkpoint.pt \
         [--epochs-per-round 1] [--train-subset 10000] [--variants posterior+mean,pow2+mean]
 
-Without --checkpoint it trains one on Fashion-MNIST from ../shared/data (--train-epochs).
+Without --checkpoint it trains one on Fashion-MNIST from --data PATH/fashion_mnist.npz (--train-epochs).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fashion
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", default=None)
+    p.add_argument("--data", default=str(DATA), help="fashion_mnist.npz (only without --checkpoint)")
     p.add_argument("--train-epochs", type=int, default=3, help="only without --checkpoint")
     p.add_argument("--epochs-per-round", type=int, default=1)
     p.add_argument("--train-subset", type=int, default=10000,
@@ -61,10 +62,10 @@ def main() -> None:
         model = ckpt_io.model_from_checkpoint(state)
         source = args.checkpoint
     else:
-        if not DATA.is_file():
-            sys.exit(f"{DATA} is missing: pass --checkpoint, or provide ../shared/data")
+        if not Path(args.data).is_file():
+            sys.exit(f"{args.data} is missing: pass --checkpoint, or --data PATH/fashion_mnist.npz")
         from trainer.train import train
-        cfg = load_config("fashion_mnist", [f"data.source=npz:{DATA}",
+        cfg = load_config("fashion_mnist", [f"data.source=npz:{args.data}",
                                             f"train.epochs={args.train_epochs}"])
         model = train(cfg, "runs/bench-pwfn-base", progress=False).model
         source = f"trained here, {args.train_epochs} epochs"

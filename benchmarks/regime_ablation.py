@@ -1,7 +1,7 @@
 """Issue 17's ablation: which part of the nested Bayesian training regime costs what.
 
 Each variant is the ``cifar10`` config plus overrides, trained at reduced scale on
-``../shared/data/cifar10_dev.npz`` (default: ``model.width_mult`` 0.25, 6 epochs) and measured
+``cifar10_dev.npz`` (``--data``; a 20k/5k draw from CIFAR-10's training split) (default: ``model.width_mult`` 0.25, 6 epochs) and measured
 on the **validation** split only (screening never looks at the test split): accuracy and NLL of
 the posterior mean per width (BN re-collected; with and without the keep-probability rescale),
 training accuracy of the last epoch (the sampled pass), OOD AUROC by predictive entropy against
@@ -191,7 +191,7 @@ def main() -> None:
         (out / f"{args.one}.json").write_text(json.dumps(result, indent=1))
         return
     if not Path(args.data).is_file():
-        sys.exit(f"{args.data} not found: this benchmark needs ../shared/data (see its README)")
+        sys.exit(f"{args.data} not found: pass --data PATH/cifar10_dev.npz and --ood PATH/ood32_dev.npz")
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:

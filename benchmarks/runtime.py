@@ -1,7 +1,7 @@
 """The on-device runtime on a real bundle: predict() overhead over raw invoke(), width-switch
 time, latency vs MACs per width, a budget trace, and cascade vs always-full.
 
-    python benchmarks/runtime.py --bundle /tmp/bundle_fm [--data npz:../shared/data/fashion_mnist.npz]
+    python benchmarks/runtime.py --bundle /tmp/bundle_fm [--data npz:DIR/fashion_mnist.npz]
 
 Torch-free except for loading the evaluation data when --data is given (trainer.data).
 """
