@@ -148,30 +148,78 @@ class BayesNestedLayer(nn.Module):
     def _channel_view(self, t: torch.Tensor, ndim: int) -> torch.Tensor:
         return t.view(t.shape[0], -1, *([1] * (ndim - 2)))
 
+    def kept_outputs(self) -> int | None:
+        """Output channels computed in this pass: the kept prefix when the ordering unit runs a
+        fixed width (``model.width(w)``), ``None`` (all) otherwise.
+
+        A fixed width's mask is 0 on every dropped group, so computing only the kept prefix is
+        exact -- it is what the truncated slice runs -- and a narrow pass costs what the narrow
+        network costs (the sandwich rule's smallest width: ~1/64 of the full pass's MACs in the
+        deep layers, instead of a full pass multiplied by zeros). Layers reading this output
+        take only the channels they receive (:meth:`_active_weight`). A Downhill-*sampled* mask
+        is not sliced: its straight-through gradient on the ordering logits needs the dropped
+        channels' activations.
+        """
+        u = self.ordering
+        if u is None or u.fixed_groups is None or u.fixed_groups == u.groups:
+            return None
+        return u.fixed_groups * (self.out_channels // u.groups)
+
+    def _active_weight(self, w: torch.Tensor, x: torch.Tensor, out_keep: int | None) -> torch.Tensor:
+        """``w`` cut to the computed outputs and to the input channels ``x`` carries (fewer than
+        the layer's when the layer before ran a fixed narrow width)."""
+        if out_keep is not None:
+            w = w[:out_keep]
+        if self.input_ordering is not None and w.shape[1] > 1:
+            have = x.shape[1]
+            if have < w.shape[1]:
+                w = w[:, :have]
+        return w
+
+    def _batch_norm(self, y: torch.Tensor, k: int | None) -> torch.Tensor:
+        """``self.bn`` on the first ``k`` channels (statistics updated in place on that prefix,
+        as nn.BatchNorm's own forward does on all of them)."""
+        bn = self.bn
+        if k is None:
+            return bn(y)
+        factor = 0.0
+        if bn.training and bn.track_running_stats:
+            bn.num_batches_tracked.add_(1)
+            factor = (1.0 / float(bn.num_batches_tracked) if bn.momentum is None
+                      else bn.momentum)
+        use_batch = bn.training or bn.running_mean is None
+        track = not bn.training or bn.track_running_stats
+        return F.batch_norm(y, bn.running_mean[:k] if track else None,
+                            bn.running_var[:k] if track else None, bn.weight[:k], bn.bias[:k],
+                            use_batch, factor, bn.eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mode = self.mode or ("sample" if self.training else "mean")
+        k = self.kept_outputs()
+        mu = self._active_weight(self.weight_mu, x, k)
         if mode == "mean":
-            y = self._op(x, self.weight_mu)
+            y = self._op(x, mu)
         elif mode == "sample":
-            mean = self._op(x, self.weight_mu)
-            var = self._op(x * x, self.weight_sigma ** 2)
+            sigma = self._active_weight(self.weight_sigma, x, k)
+            mean = self._op(x, mu)
+            var = self._op(x * x, sigma ** 2)
             y = mean + torch.sqrt(var + 1e-12) * torch.randn_like(mean)
         elif mode == "sample_weights":
-            w = self.weight_mu + self.weight_sigma * torch.randn_like(self.weight_mu)
-            y = self._op(x, w)
+            sigma = self._active_weight(self.weight_sigma, x, k)
+            y = self._op(x, mu + sigma * torch.randn_like(mu))
         else:
             raise ConfigError(f"mode must be mean, sample or sample_weights, got {mode!r}")
         if self.bias is not None:
-            y = y + self._channel_view(self.bias.unsqueeze(0), y.ndim)
+            y = y + self._channel_view(self.bias[:y.shape[1]].unsqueeze(0), y.ndim)
         if self.bn is not None:
-            y = self.bn(y)
+            y = self._batch_norm(y, k)
         act = _ACTIVATIONS[self.activation]
         if act is not None:
             y = act(y)
         if self.apply_mask:
             group_mask = self.ordering.forward_mask(y.shape[0])
             channel_mask = group_mask.repeat_interleave(self.out_channels // self.ordering.groups, -1)
-            y = y * self._channel_view(channel_mask, y.ndim)
+            y = y * self._channel_view(channel_mask[:, :y.shape[1]], y.ndim)
         if self.out_scale is not None:
             y = y * self._channel_view(self.out_scale.unsqueeze(0), y.ndim)
         return y
@@ -256,7 +304,9 @@ class BayesNestedConv2d(BayesNestedLayer):
         return self.out_channels if self.depthwise else 1
 
     def _op(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, weight, None, self.stride, self.padding, 1, self.conv_groups)
+        # depthwise: one group per computed channel (fewer under a fixed narrow width)
+        groups = weight.shape[0] if self.depthwise else 1
+        return F.conv2d(x, weight, None, self.stride, self.padding, 1, groups)
 
     def _input_slice(self, in_keep: int | None) -> slice:
         # A depthwise kernel has one input channel per output channel: nothing to slice on dim 1.

@@ -1,4 +1,6 @@
 """Nested layers and registered models: truncation == masking, shapes, KL weighting, errors."""
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -78,15 +80,56 @@ def test_forward_backward_shapes_no_nan(case):
 
 
 def test_dropped_channels_are_exactly_zero_for_the_next_layer():
+    """A sampled Downhill mask zeroes the dropped channels (they are still computed: the
+    straight-through gradient needs them)."""
     torch.manual_seed(0)
-    model = create_model("nested_cnn_small").eval()
+    model = create_model("nested_cnn_small").train()
     randomise(model, 1)
     first = model.features[0]
-    with torch.no_grad(), model.width(0.25):
+    unit = first.ordering
+    with torch.no_grad():
+        unit.mubar.fill_(-6.0)  # keep probability ~0.0025 per group: almost surely 1 group
         y = first(torch.randn(5, 1, 8, 8))
+    size = first.out_channels // unit.groups
+    assert y.shape[1] == first.out_channels
+    assert y[:, size:].abs().max() == 0
+    assert y[:, :size].abs().max() > 0
+
+
+@pytest.mark.parametrize("name", ["nested_cnn_small", "nested_mobilenetv2"])
+@pytest.mark.parametrize("training", [False, True])
+def test_fixed_width_computes_only_the_kept_channels(name, training):
+    """Under ``model.width(w)`` a nested layer computes only its kept prefix, and the network's
+    output (and, in training, its batch-norm statistics) equals the masked full computation."""
+    torch.manual_seed(0)
+    kw = {"input_size": 8, "in_channels": 1} if name == "nested_cnn_small" else \
+        {"input_size": 32, "in_channels": 3, "width_mult": 0.5}
+    model = create_model(name, **kw)
+    randomise(model, 1)
+    model.train(training)
+    twin = copy.deepcopy(model)
+    x = torch.randn(6, kw["in_channels"], kw["input_size"], kw["input_size"])
+    first = model.nested_layers()[0]
+    shapes = []
+    hook = first.register_forward_hook(lambda m, i, o: shapes.append(o.shape[1]))
+    with torch.no_grad(), model.width(0.25, scaled=not training), model.weight_mode("mean"):
+        out = model(x)
+    hook.remove()
     k = first.ordering.groups_for_width(0.25) * (first.out_channels // first.ordering.groups)
-    assert y[:, k:].abs().max() == 0
-    assert y[:, :k].abs().max() > 0
+    assert shapes == [k] and k < first.out_channels
+    # the masked computation: every layer full width, dropped channels multiplied by 0
+    for layer in twin.nested_layers():
+        layer.kept_outputs = lambda: None
+    with torch.no_grad(), twin.width(0.25, scaled=not training), twin.weight_mode("mean"):
+        ref = twin(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    if training:  # the kept channels' running statistics moved exactly as the masked run's
+        for a, b in zip(model.nested_layers(), twin.nested_layers()):
+            if a.bn is None:
+                continue
+            kk = a.ordering.groups_for_width(0.25) * (a.out_channels // a.ordering.groups)
+            torch.testing.assert_close(a.bn.running_mean[:kk], b.bn.running_mean[:kk])
+            torch.testing.assert_close(a.bn.running_var[:kk], b.bn.running_var[:kk])
 
 
 def test_weight_kl_is_weighted_by_keep_probability():
