@@ -57,7 +57,7 @@ import trainer.quantize.sqs  # noqa: E402,F401
 from edge_sdk.bundle import SCOPES, read_manifest  # noqa: E402
 from exporters.export import ExportOptions, export_bundle, slice_logits  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config import apply_overrides, load_config  # noqa: E402
 from trainer.quantize.run import quantize_model  # noqa: E402
 from trainer.train import train  # noqa: E402
 from trainer.data import load_data, load_ood, nhwc_inputs, subset  # noqa: E402
@@ -175,42 +175,58 @@ def bundle_rows(bundle: Path, method: str, eval_sets: dict, labels: np.ndarray,
 def run_ours(cfg, data, args, work: Path, eval_sets: dict, labels: np.ndarray,
              float_rows: list) -> tuple[list[dict], dict]:
     quiet = lambda *a: None  # noqa: E731
-    with train_subset(args.max_train):
-        res = train(cfg, work / "trained", progress=False, log=quiet)
-    log(f"  ours: nested Bayesian training {res.seconds:.0f} s")
-    for w, r in res.test.items():
-        float_rows.append(dict(method="ours float (mean, torch)", width=w, train_seconds=res.seconds,
+    trained = work / "trained" / "checkpoint.pt"
+    if args.reuse_trained and trained.is_file():
+        # another part of this run trained it (--methods split across processes): reuse it,
+        # with the training time it recorded
+        state = ckpt_io.load_checkpoint(trained)
+        seconds, test = state["metrics"]["train_seconds"], state["metrics"]["test"]
+        test = {float(w): r for w, r in test.items()}
+        log(f"  ours: reusing {trained} (trained in {seconds:.0f} s)")
+    else:
+        with train_subset(args.max_train):
+            res = train(cfg, work / "trained", progress=False, log=quiet)
+        seconds, test = res.seconds, res.test
+        log(f"  ours: nested Bayesian training {seconds:.0f} s")
+        state = ckpt_io.load_checkpoint(res.checkpoint)
+    for w, r in test.items():
+        float_rows.append(dict(method="ours float (mean, torch)", width=w, train_seconds=seconds,
                                accuracy=r["accuracy"], nll=r["nll"], ece=r["ece"],
                                brier=r["brier"]))
-    state = ckpt_io.load_checkpoint(res.checkpoint)
     # The quantizers' own before/after evaluations are progress logs only (the table's numbers
     # come from the exported bundle, on the full splits), so they run on capped val/test sets.
     first = lambda ds: subset(ds, np.arange(min(args.quantize_eval, len(ds))))  # noqa: E731
     qdata = replace(data, train=_subset(data.train, args.quantize_subset), val=first(data.val),
                     test=first(data.test))
-    rows, timing = [], {"train": res.seconds}
-    for method in args.quantizers.split(","):
+    rows, timing = [], {"train": seconds}
+    for spec in args.quantizers.split(","):
+        # "pwfn" or a variant with overrides of its section: "pwfn@max_order=1"
+        method, _, opts = spec.partition("@")
         qcfg = copy.deepcopy(cfg)
         qcfg.quantize.method = method
         qcfg.quantize.pwfn.epochs_per_round = args.quantize_epochs
         qcfg.quantize.sqs.epochs = max(args.quantize_epochs, 1)
         qcfg.quantize.pwfn.samples = qcfg.quantize.sqs.samples = args.samples
+        if opts:
+            qcfg = apply_overrides(qcfg, [f"quantize.{method}.{o}" for o in opts.split("+")])
+        label = method.upper() + (f"[{opts}]" if opts else "")
         model = ckpt_io.model_from_checkpoint(state)
         t0 = time.perf_counter()
-        path = quantize_model(model, qcfg, qdata, work / method, base_metrics=state.get("metrics"),
+        tag = spec.replace("@", "-").replace("=", "").replace("+", "-")
+        path = quantize_model(model, qcfg, qdata, work / tag, base_metrics=state.get("metrics"),
                               progress=False, log=quiet)
-        timing[method] = time.perf_counter() - t0
+        timing[label] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        bundle = work / f"bundle-{method}"
+        bundle = work / f"bundle-{tag}"
         export_bundle(path, bundle, ExportOptions(widths=WIDTHS, samples=args.samples,
                                                   scopes=SCOPES, max_eval=args.max_eval,
                                                   measure=False, force=True),
                       progress=False, log=quiet)
-        timing[f"export_{method}"] = time.perf_counter() - t0
-        log(f"  ours+{method.upper()}: quantize {timing[method]:.0f} s, export "
-            f"{timing[f'export_{method}']:.0f} s")
-        rows += bundle_rows(bundle, f"ours+{method.upper()}", eval_sets, labels,
-                            res.seconds + timing[method])
+        timing[f"export_{label}"] = time.perf_counter() - t0
+        log(f"  ours+{label}: quantize {timing[label]:.0f} s, export "
+            f"{timing[f'export_{label}']:.0f} s")
+        rows += bundle_rows(bundle, f"ours+{label}", eval_sets, labels,
+                            seconds + timing[label])
     return rows, timing
 
 
@@ -259,25 +275,29 @@ def run_dataset(name: str, args) -> dict:
         + ", ".join(f"{g}: {len(ds)} reported" for g, ds in report.items())
         + f"; {cfg.model.name} width_mult {cfg.model.width_mult}, {E} epochs")
     rows, x0 = [], next(iter(sets["test"]))[0]
+    methods = set(args.methods.split(","))
 
-    torch.manual_seed(seed)
-    det = build(1.0)
-    det_s = BM.train_plain(det, cfg, train_ds, seed, E)
-    det_logits = evaluate([det], sets)
-    rows += baseline_rows("det fp32", 1.0, det_logits, labels, BM.fp32_bytes(det),
-                          BM.count_macs(det, x0), det_s)
-    log(f"  det fp32: {det_s:.0f} s")
+    det = det_s = det_logits = None
+    if methods & {"det", "independent", "ensemble"}:
+        torch.manual_seed(seed)
+        det = build(1.0)
+        det_s = BM.train_plain(det, cfg, train_ds, seed, E)
+        det_logits = evaluate([det], sets)
+        rows += baseline_rows("det fp32", 1.0, det_logits, labels, BM.fp32_bytes(det),
+                              BM.count_macs(det, x0), det_s)
+        log(f"  det fp32: {det_s:.0f} s")
 
-    torch.manual_seed(seed)
-    slim = BM.slimmable_net(build(1.0))
-    slim_s = BM.train_slimmable(slim, cfg, train_ds, seed, E)
-    for w in WIDTHS:
-        m = BM.slim_at(slim, w, calib)
-        rows += baseline_rows("slimmable", w, evaluate([m], sets), labels,
-                              BM.fp32_bytes(build(w)), BM.count_macs(build(w), x0), slim_s)
-    log(f"  slimmable (US-Nets): {slim_s:.0f} s")
+    if "slimmable" in methods:
+        torch.manual_seed(seed)
+        slim = BM.slimmable_net(build(1.0))
+        slim_s = BM.train_slimmable(slim, cfg, train_ds, seed, E)
+        for w in WIDTHS:
+            m = BM.slim_at(slim, w, calib)
+            rows += baseline_rows("slimmable", w, evaluate([m], sets), labels,
+                                  BM.fp32_bytes(build(w)), BM.count_macs(build(w), x0), slim_s)
+        log(f"  slimmable (US-Nets): {slim_s:.0f} s")
 
-    if not args.no_independent:
+    if "independent" in methods and not args.no_independent:
         for w in WIDTHS:
             if w == 1.0:
                 m, s, lg = det, det_s, det_logits
@@ -290,7 +310,7 @@ def run_dataset(name: str, args) -> dict:
                                   BM.count_macs(m, x0), s)
         log("  independent widths done")
 
-    if args.ensemble > 1:
+    if "ensemble" in methods and args.ensemble > 1:
         members, ens_s = [det], det_s
         for k in range(1, args.ensemble):
             torch.manual_seed(seed + k)
@@ -306,10 +326,13 @@ def run_dataset(name: str, args) -> dict:
                  **{f"ood:{g}": _nhwc(ds) for g, ds in report.items()},
                  **{f"select:{g}": _nhwc(ds) for g, ds in select.items()}}
     float_rows: list = []
-    ours, timing = run_ours(cfg, data, args, Path(args.out) / name, eval_sets, labels["test"],
-                            float_rows)
-    rows += float_rows + ours
-    return {"dataset": name, "rows": rows, "timing": timing, "goals": goals(rows, select)}
+    timing: dict = {}
+    if "ours" in methods:
+        ours, timing = run_ours(cfg, data, args, Path(args.out) / name, eval_sets,
+                                labels["test"], float_rows)
+        rows += float_rows + ours
+    return {"dataset": name, "rows": rows, "timing": timing, "select_groups": sorted(select),
+            "goals": goals(rows, select)}
 
 
 # ------------------------------------------------------------------------------ goals, table
@@ -361,7 +384,7 @@ def goals(rows: list[dict], select: dict) -> list[str]:
             g1 = r["accuracy"] >= s["accuracy"] - 1e-12
             line = (f"  w{w:g}: G1 acc {r['accuracy']:.4f} vs US-Nets {s['accuracy']:.4f} "
                     f"{verdict(g1)}")
-            if w == 1.0:
+            if w == 1.0 and det is not None:
                 line += (f"; vs det - 0.5 pt {det['accuracy'] - 0.005:.4f} "
                          f"{verdict(r['accuracy'] >= det['accuracy'] - 0.005)}")
             line += (f" | G2 NLL {r['nll']:.4f} vs {s['nll']:.4f} "
@@ -379,7 +402,7 @@ def goals(rows: list[dict], select: dict) -> list[str]:
             out.append(line)
         r = _get(rows, chosen, 1.0)
         s = _get(rows, slim, 1.0)
-        if r and s:
+        if r and s and det:
             out.append(f"  G4 wall time to the bundle {r['train_seconds']:.0f} s vs US-Nets "
                        f"{s['train_seconds']:.0f} s {verdict(r['train_seconds'] <= s['train_seconds'])}"
                        f"; stretch <= 2 x det {2 * det['train_seconds']:.0f} s "
@@ -411,6 +434,35 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def combine(paths: list[str], out: Path) -> None:
+    """One table per dataset from the rows of several partial runs (``--methods`` split across
+    processes), with the goals recomputed on the merged rows."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    merged: dict[str, dict] = {}
+    for run in runs:
+        for res in run["datasets"]:
+            m = merged.setdefault(res["dataset"], {"dataset": res["dataset"], "rows": [],
+                                                    "timing": {}, "select_groups": [],
+                                                    "wall_seconds": 0.0})
+            m["rows"] += res["rows"]
+            m["timing"].update(res.get("timing", {}))
+            m["select_groups"] = sorted(set(m["select_groups"]) | set(res.get("select_groups", [])))
+            m["wall_seconds"] = max(m["wall_seconds"], res.get("wall_seconds", 0.0))
+    md = [f"Merged from: {', '.join(paths)}", ""] + [f"- {r['run']}" for r in runs]
+    for name, res in merged.items():
+        res["goals"] = goals(res["rows"], dict.fromkeys(res["select_groups"]))
+        text = table(res["rows"])
+        log(f"\n### {name} (test split; wall of the longest part {res['wall_seconds']:.0f} s)\n"
+            f"{text}\n")
+        log("\n".join(res["goals"]))
+        md += ["", f"### {name}", "", text, "", "```", *res["goals"], "```"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"parts": [r["run"] for r in runs],
+                                                  "datasets": list(merged.values())}, indent=1))
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    log(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", default="cifar10_dev,fashion_mnist",
@@ -427,7 +479,18 @@ def main() -> None:
                    help="cap on val / test / OOD samples (smoke runs; same cap for every method)")
     p.add_argument("--ensemble", type=int, default=3, help="deep ensemble members (<2: none)")
     p.add_argument("--no-independent", action="store_true", help="skip independent widths")
-    p.add_argument("--quantizers", default="pwfn,sqs")
+    p.add_argument("--methods", default="det,slimmable,independent,ensemble,ours",
+                   help="which methods to run (comma-separated); split one run across processes "
+                   "and merge their results.json with --combine")
+    p.add_argument("--combine", nargs="+", metavar="RESULTS_JSON", default=None,
+                   help="merge the rows of several runs' results.json (same datasets and "
+                   "settings) into --out, recomputing the goals; trains nothing")
+    p.add_argument("--reuse-trained", action="store_true",
+                   help="ours: quantize the network an earlier part of this run trained in "
+                   "OUT/DATASET/trained (its recorded training time counts) instead of training")
+    p.add_argument("--quantizers", default="pwfn,sqs",
+                   help="comma-separated; a variant overrides its section: "
+                   "pwfn@max_order=1+epochs_per_round=2")
     p.add_argument("--samples", type=int, default=8, help="posterior samples (head / all scopes)")
     p.add_argument("--quantize-epochs", type=int, default=1,
                    help="PWFN retraining epochs per round and SQS fine-tuning epochs")
@@ -436,6 +499,9 @@ def main() -> None:
     p.add_argument("--quantize-eval", type=int, default=2000,
                    help="val/test samples for the quantizers' internal progress evaluations")
     args = p.parse_args()
+    if args.combine:
+        combine(args.combine, Path(args.out))
+        return
     torch.set_num_threads(args.threads)
     names = [d for d in args.datasets.split(",") if d]
     unknown = [n for n in names if n not in DATASETS]
@@ -448,6 +514,7 @@ def main() -> None:
            + ", ".join(f"{n} {args.epochs or DATASETS[n].epochs}" for n in names)
            + f"; overrides {args.set or 'none'}; train subset {args.max_train or 'full'}; eval cap "
            f"{args.max_eval or 'none'}; ensemble {args.ensemble}; posterior samples {args.samples}; "
+           f"methods {args.methods}; quantizers {args.quantizers}; "
            f"PWFN {args.quantize_epochs} epoch(s)/round + SQS {max(args.quantize_epochs, 1)} "
            f"epoch(s) on {args.quantize_subset or 'all'} samples; threads {args.threads}; "
            f"torch {torch.__version__}")
