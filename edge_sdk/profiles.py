@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from edge_sdk.bundle import _bool, _choice, _fail, _float, _int, _mapping
+from edge_sdk.validation import bool_value, choice, fail, float_value, int_value, mapping
 from edge_sdk.errors import BundleError, ProfileError
 
 SCHEMA_VERSION = 1
@@ -122,7 +122,7 @@ class DeviceProfile:
 
 def _get(d: Mapping, key: str, where: str) -> Any:
     if key not in d:
-        _fail(where, f"missing key {key!r}")
+        fail(where, f"missing key {key!r}")
     return d[key]
 
 
@@ -130,9 +130,9 @@ def _thread_key(k: Any, where: str, cores: int) -> int:
     try:
         t = int(str(k))
     except ValueError:
-        _fail(where, f"thread count keys must be integers, got {k!r}")
+        fail(where, f"thread count keys must be integers, got {k!r}")
     if not 1 <= t <= cores:
-        _fail(where, f"thread count {t} must be between 1 and cpu.cores ({cores})")
+        fail(where, f"thread count {t} must be between 1 and cpu.cores ({cores})")
     return t
 
 
@@ -144,61 +144,61 @@ def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
 
 
 def _profile_from_dict(d: Any, where: str) -> DeviceProfile:
-    d = _mapping(d, where)
+    d = mapping(d, where)
     unknown = set(d) - {"schema_version", "name", "description", "cpu", "ram_mb", "throughput",
                         "measured", "sources", "bundle", "host"}
     if unknown:
-        _fail(where, f"unknown keys {sorted(unknown)}")
+        fail(where, f"unknown keys {sorted(unknown)}")
     version = _get(d, "schema_version", where)
     if version != SCHEMA_VERSION:
-        _fail(f"{where}.schema_version", f"this runtime reads version {SCHEMA_VERSION}, got "
+        fail(f"{where}.schema_version", f"this runtime reads version {SCHEMA_VERSION}, got "
                                          f"{version!r}")
     name = _get(d, "name", where)
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        _fail(f"{where}.name", f"expected a name of letters, digits, '_', '-', '.', got {name!r}")
+        fail(f"{where}.name", f"expected a name of letters, digits, '_', '-', '.', got {name!r}")
     desc = d.get("description", "")
-    cpu = _mapping(_get(d, "cpu", where), f"{where}.cpu")
-    cores = _int(_get(cpu, "cores", f"{where}.cpu"), f"{where}.cpu.cores", minimum=1)
+    cpu = mapping(_get(d, "cpu", where), f"{where}.cpu")
+    cores = int_value(_get(cpu, "cores", f"{where}.cpu"), f"{where}.cpu.cores", minimum=1)
     clock = _get(cpu, "max_clock_ghz", f"{where}.cpu")
     if clock is not None or d.get("measured") is not True:  # a host may not report its clock
-        clock = _float(clock, f"{where}.cpu.max_clock_ghz", gt=0.0)
-    arch = _choice(_get(cpu, "arch", f"{where}.cpu"), f"{where}.cpu.arch", ARCHES)
-    ram = _int(_get(d, "ram_mb", where), f"{where}.ram_mb", minimum=1)
-    tp = _mapping(_get(d, "throughput", where), f"{where}.throughput")
+        clock = float_value(clock, f"{where}.cpu.max_clock_ghz", gt=0.0)
+    arch = choice(_get(cpu, "arch", f"{where}.cpu"), f"{where}.cpu.arch", ARCHES)
+    ram = int_value(_get(d, "ram_mb", where), f"{where}.ram_mb", minimum=1)
+    tp = mapping(_get(d, "throughput", where), f"{where}.throughput")
     if "fp32" not in tp:
-        _fail(f"{where}.throughput", "missing key 'fp32' (every profile needs fp32 figures)")
+        fail(f"{where}.throughput", "missing key 'fp32' (every profile needs fp32 figures)")
     routes: dict[str, dict[int, Throughput]] = {}
     for route, table in tp.items():
         w = f"{where}.throughput.{route}"
         if route not in ROUTES:
-            _fail(w, f"unknown route; expected one of {', '.join(ROUTES)}")
-        table = _mapping(table, w)
+            fail(w, f"unknown route; expected one of {', '.join(ROUTES)}")
+        table = mapping(table, w)
         if not table:
-            _fail(w, "expected at least one thread count")
+            fail(w, "expected at least one thread count")
         routes[route] = {}
         for k, entry in table.items():
             t = _thread_key(k, w, cores)
-            e = _mapping(entry, f"{w}.{k}")
+            e = mapping(entry, f"{w}.{k}")
             routes[route][t] = Throughput(
-                _float(_get(e, "gmacs", f"{w}.{k}"), f"{w}.{k}.gmacs", gt=0.0),
-                _float(_get(e, "overhead_ms", f"{w}.{k}"), f"{w}.{k}.overhead_ms", ge=0.0))
-    measured = _bool(d.get("measured", False), f"{where}.measured")
+                float_value(_get(e, "gmacs", f"{w}.{k}"), f"{w}.{k}.gmacs", gt=0.0),
+                float_value(_get(e, "overhead_ms", f"{w}.{k}"), f"{w}.{k}.overhead_ms", ge=0.0))
+    measured = bool_value(d.get("measured", False), f"{where}.measured")
     sources = d.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
-        _fail(f"{where}.sources", "expected a list of strings")
+        fail(f"{where}.sources", "expected a list of strings")
     if not measured and not sources:
-        _fail(f"{where}.sources", "a published profile must cite its sources")
+        fail(f"{where}.sources", "a published profile must cite its sources")
     sha, lat = None, {}
     if "bundle" in d:
-        b = _mapping(d["bundle"], f"{where}.bundle")
+        b = mapping(d["bundle"], f"{where}.bundle")
         sha = _get(b, "manifest_sha256", f"{where}.bundle")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-            _fail(f"{where}.bundle.manifest_sha256", f"expected 64 hex characters, got {sha!r}")
-        for k, row in _mapping(_get(b, "latency_ms", f"{where}.bundle"),
+            fail(f"{where}.bundle.manifest_sha256", f"expected 64 hex characters, got {sha!r}")
+        for k, row in mapping(_get(b, "latency_ms", f"{where}.bundle"),
                                f"{where}.bundle.latency_ms").items():
             w = f"{where}.bundle.latency_ms.{k}"
             lat[_thread_key(k, w, cores)] = {
-                str(cid): _float(ms, f"{w}.{cid}", gt=0.0) for cid, ms in _mapping(row, w).items()}
+                str(cid): float_value(ms, f"{w}.{cid}", gt=0.0) for cid, ms in mapping(row, w).items()}
     return DeviceProfile(name=name, description=str(desc), cpu_model=str(cpu.get("model", "")),
                          cores=cores, max_clock_ghz=clock, arch=arch, ram_mb=ram,
                          throughput=routes, measured=measured, sources=tuple(sources),

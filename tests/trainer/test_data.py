@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+import edge_sdk.bundle
 from edge_sdk.errors import ConfigError, DataError
 from trainer.config import DataConfig
 from trainer.data import (
@@ -334,7 +335,7 @@ def test_load_data_uses_a_carried_spec_after_checking_it(digits):
     and normalised with it (the recomputed statistics only serve the check)."""
     from dataclasses import replace
 
-    assert isinstance(digits.spec, InputSpec) and InputSpec.__module__ == "edge_sdk.bundle"
+    assert isinstance(digits.spec, InputSpec) and InputSpec is edge_sdk.bundle.InputSpec
     again = load_data(DataConfig(source="digits", split_seed=0), digits.spec)
     assert again.spec == digits.spec and torch.equal(again.test.x, digits.test.x)
     carried = replace(digits.spec, mean=(digits.spec.mean[0] * (1 + 1e-9),))  # within tolerance

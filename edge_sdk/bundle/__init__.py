@@ -1,0 +1,103 @@
+"""The bundle format: a directory holding ``manifest.yaml`` and the ``.tflite`` files it lists.
+
+The exporter writes bundles through :func:`write_bundle`; the runtime reads them with
+:func:`read_manifest`. This package owns the schema, so both sides agree on it by construction.
+Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
+device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec), :mod:`.manifest`
+(Configuration, Manifest), :mod:`.reading` (parse, resolve, verify) and :mod:`.writing` (atomic
+write). Import every name from here: ``from edge_sdk.bundle import Manifest``.
+
+Schema version 1 (``manifest.yaml``)::
+
+    schema_version: 1
+    input:            # what predict accepts, before normalisation; model input = (raw - mean) / std
+      shape: [1, H, W, C]
+      layout: NHWC
+      dtype: float32 | uint8
+      value_range: [lo, hi]
+      mean: [C floats]
+      std: [C floats, > 0]
+    labels: [class names]             # one per output class; non-empty, unique
+    source: {...}                     # free-form provenance (plain YAML values)
+    configurations:                   # non-empty; ids unique
+    - id: w0.50-head8
+      width: 0.5                      # 0 < width <= 1
+      scope: point | head | all
+      samples: 8                      # point: 1
+      files: [{name: x.tflite, sha256: <64 hex>, bytes: <int>}]   # point/head: 1 file, all: `samples`
+      invokes: 1                      # point/head: 1, all: samples
+      output: {kind: logits, shape: [S, C]}                      # [1, C] for point and all
+      temperature: 1.3
+      temperature_folded: false
+      weights: dequantize | hybrid | float
+      macs: <int, per invoke>
+      params: <int>
+      unique_values: <int> | null
+      thresholds: {'0.95': 0.82, '0.99': null}   # target accuracy -> minimum confidence (validation)
+      cascade:                        # optional: this configuration as a cascade's first stage
+        w1.00-point: {threshold: 0.91, coverage: 0.62, max_loss: 0.002}
+                                      # answer here when confidence >= threshold, else run the
+                                      # wider configuration; on validation, `coverage` of the
+                                      # samples are answered here and accuracy drops <= max_loss
+      val_nll: 0.31
+      test: {raw: {accuracy: ..., nll: ..., ece: ..., brier: ...}, calibrated: {...}}
+      latency_ms: <float> | null      # measured on the exporting host; null with --no-measure
+      memory_mb: <float> | null
+
+Every record is a frozen dataclass validated on construction; ``from_dict`` raises
+:class:`~edge_sdk.errors.BundleError` naming the dotted key path of the first problem
+(``configurations[2].files[0].sha256: expected 64 hex characters (lowercase), got '...'``).
+YAML is read with ``yaml.safe_load`` only, so a manifest cannot execute code.
+
+stdlib + pyyaml only: this package runs on the device (never import torch or the workstation
+packages here).
+"""
+from __future__ import annotations
+
+from edge_sdk.bundle.manifest import Configuration, Manifest
+from edge_sdk.bundle.reading import (
+    PathLike,
+    manifest_to_yaml,
+    read_manifest,
+    resolve_file,
+    sha256_file,
+    verify_files,
+)
+from edge_sdk.bundle.records import (
+    FILE_SUFFIX,
+    INPUT_DTYPES,
+    LAYOUTS,
+    MANIFEST_NAME,
+    OUTPUT_KINDS,
+    SCHEMA_VERSION,
+    SCOPES,
+    WEIGHT_ROUTES,
+    FileEntry,
+    InputSpec,
+    OutputSpec,
+    file_entry,
+)
+from edge_sdk.bundle.writing import write_bundle
+from edge_sdk.errors import BundleError  # noqa: F401 (tests and exporters reach it as bundle.BundleError)
+
+__all__ = [
+    "INPUT_DTYPES",
+    "LAYOUTS",
+    "MANIFEST_NAME",
+    "OUTPUT_KINDS",
+    "SCHEMA_VERSION",
+    "SCOPES",
+    "WEIGHT_ROUTES",
+    "Configuration",
+    "FileEntry",
+    "InputSpec",
+    "Manifest",
+    "OutputSpec",
+    "file_entry",
+    "manifest_to_yaml",
+    "read_manifest",
+    "resolve_file",
+    "sha256_file",
+    "verify_files",
+    "write_bundle",
+]

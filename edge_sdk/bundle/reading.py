@@ -1,0 +1,145 @@
+"""Reading a bundle: parse ``manifest.yaml`` (``yaml.safe_load`` only), resolve its files inside
+the bundle directory and verify their size and sha256; and the manifest's YAML text for writing.
+
+stdlib + pyyaml only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Union
+
+import yaml
+
+from edge_sdk.bundle.manifest import Manifest
+from edge_sdk.bundle.records import MANIFEST_NAME, SCHEMA_VERSION, _file_name
+from edge_sdk.errors import BundleError
+from edge_sdk.validation import got
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_CHUNK = 1 << 20  # hashing reads files in 1 MiB chunks
+_MAX_MANIFEST_BYTES = 16 << 20  # a real manifest is a few kB; refuse to parse anything absurd
+
+
+def manifest_to_yaml(manifest: Manifest) -> str:
+    """The ``manifest.yaml`` text for ``manifest``, checked to read back as an equal Manifest."""
+    if not isinstance(manifest, Manifest):
+        raise BundleError(f"expected a Manifest, {got(manifest)}")
+    try:
+        data = Manifest.from_dict(manifest.to_dict()).to_dict()  # re-validate: dicts are mutable
+    except BundleError as exc:
+        raise BundleError(f"invalid manifest: {exc}") from None
+    # ASCII output (allow_unicode=False): PyYAML's unicode mode writes U+0085 in a way it cannot
+    # read back (found by the round-trip property test); escapes round-trip everything.
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    text = f"# edge-sdk bundle manifest (schema version {SCHEMA_VERSION})\n{body}"
+    if _parse_manifest_text(text.encode("utf-8"), MANIFEST_NAME) != manifest:
+        raise BundleError("manifest does not survive a YAML round trip; refusing to write it")
+    return text
+
+
+def _parse_manifest_text(data: bytes, where: str) -> Manifest:
+    if len(data) > _MAX_MANIFEST_BYTES:
+        raise BundleError(f"{where}: {len(data)} bytes; a manifest is at most {_MAX_MANIFEST_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p) or type(exc).__name__
+        raise BundleError(f"{where}: invalid YAML{at}: {problem}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise BundleError(f"{where}: invalid YAML: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise BundleError(
+            f"{where}: expected a YAML mapping at the top level, got {type(raw).__name__}"
+        )
+    try:
+        return Manifest.from_dict(raw)
+    except BundleError as exc:
+        raise BundleError(f"{where}: {exc}") from None
+    except RecursionError:
+        raise BundleError(f"{where}: nested too deeply") from None
+
+
+def sha256_file(path: PathLike) -> tuple[str, int]:
+    """(hex sha256, bytes read) of a file, hashed in chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def resolve_file(bundle_dir: PathLike, name: str) -> Path:
+    """The path of bundle file ``name``, which must exist and resolve to inside ``bundle_dir``."""
+    _file_name(name, "file name")
+    root = Path(bundle_dir).resolve()
+    candidate = root / name
+    resolved = candidate.resolve()  # follows symlinks
+    if resolved == root or not resolved.is_relative_to(root):
+        raise BundleError(
+            f"{root}: file {name!r} resolves to {resolved}, outside the bundle directory; "
+            "bundle files must be inside the bundle"
+        )
+    if not resolved.exists():
+        raise BundleError(f"{root}: file {name!r} listed in the manifest is missing")
+    if not resolved.is_file():
+        raise BundleError(f"{root}: {name!r} is not a regular file")
+    return resolved
+
+
+def verify_files(bundle_dir: PathLike, manifest: Manifest) -> None:
+    """Check every file of ``manifest`` in ``bundle_dir``: inside the bundle, size and sha256."""
+    root = Path(bundle_dir)
+    for entry in manifest.file_entries():
+        path = resolve_file(root, entry.name)
+        try:
+            size = path.stat().st_size
+            if size == entry.bytes:
+                digest, size = sha256_file(path)
+        except OSError as exc:
+            raise BundleError(f"{root}: cannot read {entry.name!r}: {exc}") from None
+        if size != entry.bytes:
+            raise BundleError(
+                f"{root}: file {entry.name!r} has {size} bytes, the manifest says {entry.bytes} "
+                "(truncated or modified)"
+            )
+        if digest != entry.sha256:
+            raise BundleError(
+                f"{root}: checksum mismatch for {entry.name!r}: manifest sha256 {entry.sha256}, "
+                f"file sha256 {digest} (corrupted or modified)"
+            )
+
+
+def read_manifest(bundle_dir: PathLike, verify: bool = True) -> Manifest:
+    """Read and validate ``bundle_dir/manifest.yaml``; with ``verify``, check every file too."""
+    root = Path(bundle_dir)
+    if not root.exists():
+        raise BundleError(f"bundle directory not found: {root}")
+    if not root.is_dir():
+        raise BundleError(
+            f"not a bundle: {root} is not a directory (expected one holding {MANIFEST_NAME})"
+        )
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise BundleError(f"not a bundle: {root} has no {MANIFEST_NAME}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc}") from None
+    manifest = _parse_manifest_text(data, str(path))
+    if verify:
+        verify_files(root, manifest)
+    return manifest
+
+

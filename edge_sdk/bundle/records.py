@@ -1,0 +1,333 @@
+"""The manifest's building blocks: the record base class, :class:`FileEntry`, :class:`InputSpec`
+and :class:`OutputSpec`, and the format's constants. The schema itself is documented in
+:mod:`edge_sdk.bundle`; :mod:`.manifest` holds the configuration and the whole manifest.
+
+stdlib + pyyaml only (numpy only inside :meth:`InputSpec.normalize`).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from edge_sdk.errors import BundleError, DataError, InputSpecError, InputSpecMismatchError
+from edge_sdk.validation import (
+    choice,
+    fail,
+    float_value,
+    got,
+    int_value,
+    join,
+    list_value,
+    mapping,
+    show,
+    str_value,
+)
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.yaml"
+FILE_SUFFIX = ".tflite"
+
+LAYOUTS = ("NHWC",)
+INPUT_DTYPES = ("float32", "uint8")
+SCOPES = ("point", "head", "all")
+WEIGHT_ROUTES = ("dequantize", "hybrid", "float")
+OUTPUT_KINDS = ("logits",)
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _file_name(value: object, path: str) -> str:
+    """A plain ``*.tflite`` file name that can only refer to a file directly inside the bundle."""
+    name = str_value(value, path)
+    expected = f"a plain file name ending in {FILE_SUFFIX!r}"
+    if "/" in name or "\\" in name or (os.altsep and os.altsep in name):
+        fail(path, f"expected {expected} (no path separators), got {name!r}")
+    if name in (".", ".."):
+        fail(path, f"expected {expected}, got {name!r}")
+    if name.startswith("."):
+        fail(path, f"expected {expected} not starting with '.', got {name!r}")
+    if ":" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        fail(path, f"expected {expected} without ':' or control characters, got {name!r}")
+    if not name.endswith(FILE_SUFFIX):
+        fail(path, f"expected {expected}, got {name!r}")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        fail(path, f"expected {expected} in valid UTF-8, got {name!r}")
+    if len(encoded) > 255:
+        fail(path, f"expected {expected} of at most 255 bytes, got {len(encoded)} bytes")
+    return name
+
+
+
+def _to_plain(value: object) -> Any:
+    if isinstance(value, _Record):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+
+class _Record:
+    """Frozen-dataclass mixin: validate and normalise on construction, dict round trip.
+
+    Subclasses implement ``_parse(values, path) -> normalised values``; it raises
+    :class:`BundleError` naming ``path`` plus the key. ``from_dict`` calls it with the real
+    dotted path; ``__post_init__`` runs it again (with the class name as the path) so a record
+    constructed directly in Python is held to the same rules.
+    """
+
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        for name, value in self._parse(values, type(self).__name__).items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _parse(cls, values: dict[str, Any], path: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = ""):
+        """Build from plain data (e.g. parsed YAML); ``path`` prefixes error key paths."""
+        data = mapping(data, path)
+        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        unknown = [k for k in data if k not in names]
+        if unknown:
+            fail(
+                path,
+                f"unknown key(s) {', '.join(show(k) for k in unknown)}; "
+                f"expected keys: {', '.join(names)}",
+            )
+        values: dict[str, Any] = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name in data:
+                values[f.name] = data[f.name]
+            elif f.default is not MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not MISSING:
+                values[f.name] = f.default_factory()
+            else:
+                fail(join(path, f.name), "missing required key")
+        return cls(**cls._parse(values, path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (dicts, lists, scalars) in schema key order; a deep copy."""
+        return {f.name: _to_plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+
+def _record(cls: type, value: object, path: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return cls.from_dict(value, path)
+    fail(path, f"expected a mapping ({cls.__name__}), {got(value)}")
+
+
+@dataclass(frozen=True)
+class FileEntry(_Record):
+    """One file of the bundle: a plain ``*.tflite`` name, its sha256 (hex) and size in bytes."""
+
+    name: str
+    sha256: str
+    bytes: int
+
+    @classmethod
+    def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        name = _file_name(v["name"], join(path, "name"))
+        sha = v["sha256"]
+        if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
+            fail(join(path, "sha256"), f"expected 64 hex characters (lowercase), got {show(sha)}")
+        size = int_value(v["bytes"], join(path, "bytes"), minimum=1)
+        return {"name": name, "sha256": str(sha), "bytes": size}
+
+
+def file_entry(name: str, data: bytes | bytearray | memoryview) -> FileEntry:
+    """The :class:`FileEntry` for ``data`` stored under ``name`` (computes sha256 and size)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BundleError(f"file_entry({name!r}): expected bytes, {got(data)}")
+    blob = bytes(data)
+    return FileEntry(name=name, sha256=hashlib.sha256(blob).hexdigest(), bytes=len(blob))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSpec(_Record):
+    """What ``predict`` accepts, before normalisation: model input = (raw - mean) / std.
+
+    The project's one input spec. The training split defines it (``trainer.data.load_data``:
+    shape, dtype, value range, per-channel mean and std of the training split, and the class
+    names as ``classes``); the checkpoint carries it under ``input_spec``; quantize and export
+    cross-check reloaded data against it (:meth:`check_matches`) instead of recomputing it; the
+    manifest's ``input`` is the same record without ``classes`` (a manifest names its classes
+    in the top-level ``labels``). Errors are :class:`~edge_sdk.errors.InputSpecError`, both a
+    ``BundleError`` and a ``DataError``.
+    """
+
+    shape: tuple[int, ...]  # (1, H, W, C): one NHWC sample as the device feeds it
+    layout: str = "NHWC"  # the TFLite convention
+    dtype: str  # "uint8" | "float32": raw input dtype on the device
+    value_range: tuple[float, float]  # raw pixel range, e.g. (0, 16) digits, (0, 255) images
+    mean: tuple[float, ...]  # per channel, raw units, from the TRAINING split
+    std: tuple[float, ...]
+    # the training data's class names (checkpoints); None in a manifest, whose labels hold them
+    classes: tuple[str, ...] | None = field(default=None, metadata={"manifest": False})
+
+    @property
+    def channels(self) -> int:
+        return self.shape[3]
+
+    @property
+    def num_classes(self) -> int:
+        if self.classes is None:
+            raise InputSpecError("this input spec carries no class names (a manifest's input: "
+                                 "the manifest's labels name the classes)")
+        return len(self.classes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "") -> InputSpec:
+        try:
+            return super().from_dict(data, path)
+        except InputSpecError:
+            raise
+        except BundleError as exc:
+            raise InputSpecError(str(exc)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in schema key order; ``classes`` only when carried (never in a manifest)."""
+        out = super().to_dict()
+        if self.classes is None:
+            del out["classes"]
+        return out
+
+    @classmethod
+    def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        try:
+            return cls._parse_fields(v, path)
+        except InputSpecError:
+            raise
+        except BundleError as exc:
+            raise InputSpecError(str(exc)) from None
+
+    @classmethod
+    def _parse_fields(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        p = join(path, "shape")
+        shape = tuple(
+            int_value(x, f"{p}[{i}]", minimum=1) for i, x in enumerate(list_value(v["shape"], p, length=4))
+        )
+        if shape[0] != 1:
+            fail(f"{p}[0]", f"expected batch dimension 1 (shape [1, H, W, C]), got {shape[0]}")
+        layout = choice(v["layout"], join(path, "layout"), LAYOUTS)
+        dtype = choice(v["dtype"], join(path, "dtype"), INPUT_DTYPES)
+        p = join(path, "value_range")
+        items = list_value(v["value_range"], p, length=2)
+        lo, hi = (float_value(x, f"{p}[{i}]") for i, x in enumerate(items))
+        if not lo < hi:
+            fail(p, f"expected [lo, hi] with lo < hi, got [{lo!r}, {hi!r}]")
+        if dtype == "uint8" and not (0 <= lo and hi <= 255):
+            fail(p, f"expected a range inside [0, 255] for dtype uint8, got [{lo!r}, {hi!r}]")
+        channels = shape[3]
+        p = join(path, "mean")
+        mean = tuple(
+            float_value(x, f"{p}[{i}]") for i, x in enumerate(list_value(v["mean"], p, length=channels))
+        )
+        p = join(path, "std")
+        std = tuple(
+            float_value(x, f"{p}[{i}]", gt=0.0)
+            for i, x in enumerate(list_value(v["std"], p, length=channels))
+        )
+        classes = v["classes"]
+        if classes is not None:
+            p = join(path, "classes")
+            items = list_value(classes, p, nonempty=True)  # a lone string is not a list of names
+            for i, name in enumerate(items):
+                if not isinstance(name, str):
+                    fail(f"{p}[{i}]", f"expected a class name (string), {got(name)}")
+            classes = tuple(str(name) for name in items)
+        return {
+            "shape": shape,
+            "layout": layout,
+            "dtype": dtype,
+            "value_range": (lo, hi),
+            "mean": mean,
+            "std": std,
+            "classes": classes,
+        }
+
+    def normalize(self, raw: Any) -> Any:
+        """Raw NHWC input -> float32 NHWC model input, ``(raw - mean) / std`` (numpy); grey
+        images may come as N x H x W (the channel axis is added, as for training data)."""
+        import numpy as np  # numpy only here: the schema itself is stdlib + pyyaml
+
+        raw = np.asarray(raw)
+        if raw.ndim == 3 and self.channels == 1:
+            raw = raw[..., None]
+        if raw.ndim != 4 or raw.shape[1:] != self.shape[1:]:
+            want = ", ".join(map(str, self.shape[1:]))
+            raise DataError(f"expected raw input of shape (N, {want}), got {raw.shape}")
+        mean = np.asarray(self.mean, dtype=np.float32)
+        std = np.asarray(self.std, dtype=np.float32)
+        return ((raw.astype(np.float32) - mean) / std).astype(np.float32)
+
+    def mismatches(self, other: InputSpec) -> list[tuple[str, Any, Any]]:
+        """``(field, this value, other value)`` for every field on which ``other`` differs.
+
+        The statistics and the value range are computed in floating point, so they compare
+        with a relative tolerance of 1e-6; everything else exactly. ``classes`` only when
+        both specs carry them.
+        """
+        out: list[tuple[str, Any, Any]] = []
+        for name in ("shape", "layout", "dtype", "value_range", "mean", "std", "classes"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if name == "classes" and (mine is None or theirs is None):
+                continue
+            if name in ("value_range", "mean", "std"):
+                same = len(mine) == len(theirs) and all(
+                    math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(mine, theirs))
+            else:
+                same = mine == theirs
+            if not same:
+                out.append((name, mine, theirs))
+        return out
+
+    def check_matches(self, other: InputSpec, *, what: str, mine: str = "expected",
+                      theirs: str = "found") -> None:
+        """Raise :class:`~edge_sdk.errors.InputSpecMismatchError` when ``other`` differs from
+        this spec (see :meth:`mismatches`), naming each differing field with both values, e.g.
+        ``mean: the checkpoint (8.2,), the data (9.1,)``. ``what`` says what was compared."""
+        diffs = self.mismatches(other)
+        if diffs:
+            listed = "; ".join(f"{name}: {mine} {_spec_value(a)}, {theirs} {_spec_value(b)}"
+                               for name, a, b in diffs)
+            raise InputSpecMismatchError(f"{what}: {listed}")
+
+
+def _spec_value(value: Any) -> str:
+    if isinstance(value, tuple) and all(isinstance(v, float) for v in value):
+        return "(" + ", ".join(f"{v:.9g}" for v in value) + ("," if len(value) == 1 else "") + ")"
+    return show(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputSpec(_Record):
+    """The output tensor of a configuration's file(s): ``[1, C]``, or ``[S, C]`` for head scope."""
+
+    kind: str = "logits"
+    shape: tuple[int, int]
+
+    @classmethod
+    def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        kind = choice(v["kind"], join(path, "kind"), OUTPUT_KINDS)
+        p = join(path, "shape")
+        shape = tuple(
+            int_value(x, f"{p}[{i}]", minimum=1) for i, x in enumerate(list_value(v["shape"], p, length=2))
+        )
+        return {"kind": kind, "shape": shape}
+
+

@@ -1,0 +1,168 @@
+"""Validation kit for YAML-shaped data (manifests, device profiles): typed checks that raise
+:class:`~edge_sdk.errors.BundleError` naming the dotted key path and what was expected.
+
+Each ``*_value`` check takes ``(value, path)`` and returns the normalised value or raises
+``BundleError("path: expected ..., got <type> <short repr>")``. Callers that own another error
+type (profiles) catch and re-raise. Error messages show at most 80 characters of a value
+(:func:`show`), so an unvalidated value is never rendered in full.
+
+stdlib only: runs on the device.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from edge_sdk.errors import BundleError
+
+__all__ = [
+    "MAX_DEPTH", "MAX_NODES", "NodeBudget", "bool_value", "choice", "fail", "float_value", "got",
+    "int_value", "join", "key_path", "list_value", "mapping", "optional_float", "plain", "show",
+    "str_value",
+]
+
+MAX_DEPTH = 64  # nesting of free-form values (source, ...)
+MAX_NODES = 200_000  # values visited in free-form data (defuses YAML alias bombs)
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def key_path(path: str, key: object) -> str:
+    """Path of a free-form mapping key: dotted when it reads as an identifier, else subscripted."""
+    if isinstance(key, str) and key.isidentifier():
+        return join(path, key)
+    return f"{path}[{key!r}]"
+
+
+def fail(path: str, message: str) -> NoReturn:
+    raise BundleError(f"{path}: {message}" if path else message)
+
+
+def show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def got(value: object) -> str:
+    return f"got {type(value).__name__} {show(value)}"
+
+
+def int_value(value: object, path: str, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(path, f"expected an integer, {got(value)}")
+    result = int(value)
+    if minimum is not None and result < minimum:
+        fail(path, f"expected an integer >= {minimum}, got {result}")
+    return result
+
+
+def float_value(
+    value: object,
+    path: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(path, f"expected a number, {got(value)}")
+    result = float(value)
+    if not math.isfinite(result):
+        fail(path, f"expected a finite number, got {result}")
+    if gt is not None and not result > gt:
+        fail(path, f"expected a number > {gt:g}, got {result!r}")
+    if ge is not None and not result >= ge:
+        fail(path, f"expected a number >= {ge:g}, got {result!r}")
+    if le is not None and not result <= le:
+        fail(path, f"expected a number <= {le:g}, got {result!r}")
+    return result
+
+
+def optional_float(value: object, path: str, **bounds: float) -> float | None:
+    return None if value is None else float_value(value, path, **bounds)
+
+
+def str_value(value: object, path: str) -> str:
+    if not isinstance(value, str):
+        fail(path, f"expected a string, {got(value)}")
+    if not value:
+        fail(path, "expected a non-empty string")
+    return str(value)  # a plain str (subclasses do not survive yaml.safe_dump)
+
+
+def bool_value(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        fail(path, f"expected true or false, {got(value)}")
+    return value
+
+
+def choice(value: object, path: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        fail(path, f"expected one of {', '.join(repr(c) for c in choices)}, {got(value)}")
+    return str(value)
+
+
+def list_value(value: object, path: str, *, length: int | None = None, nonempty: bool = False) -> list:
+    if not isinstance(value, (list, tuple)):
+        fail(path, f"expected a list, {got(value)}")
+    if length is not None and len(value) != length:
+        fail(path, f"expected a list of {length} items, got {len(value)}: {show(list(value))}")
+    if nonempty and not value:
+        fail(path, "expected a non-empty list")
+    return list(value)
+
+
+def mapping(value: object, path: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        fail(path, f"expected a mapping, {got(value)}")
+    return value
+
+
+
+class NodeBudget:
+    """Counts values visited in free-form data, so alias-expanded YAML cannot blow up."""
+
+    def __init__(self) -> None:
+        self.left = MAX_NODES
+
+    def spend(self, path: str) -> None:
+        self.left -= 1
+        if self.left < 0:
+            fail(path, f"free-form data too large (more than {MAX_NODES} values)")
+
+
+def plain(value: object, path: str, budget: NodeBudget, depth: int = 0) -> Any:
+    """A deep copy of ``value`` made of plain YAML values (null, bool, int, float, str, list, map)."""
+    budget.spend(path)
+    if depth > MAX_DEPTH:
+        fail(path, f"nested more than {MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        result = float(value)
+        if math.isnan(result):
+            fail(path, "expected a plain YAML value, got NaN")
+        return result
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                fail(path, f"mapping keys must be strings, got {type(key).__name__} {show(key)}")
+            out[str(key)] = plain(item, key_path(path, key), budget, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [plain(item, f"{path}[{i}]", budget, depth + 1) for i, item in enumerate(value)]
+    fail(
+        path,
+        "expected a plain YAML value (null, bool, int, float, str, list or mapping), "
+        f"got {type(value).__name__}",
+    )
+
