@@ -44,5 +44,10 @@ class BudgetError(EdgeSdkError, ValueError):
     """A budget is invalid, or (strict mode) cannot be met."""
 
 
+class BudgetNotMetError(BudgetError):
+    """Strict mode: a valid budget that no configuration is predicted to meet (the CLI's exit
+    code 3, where an invalid budget is 2). Names the shortfall: milliseconds or megabytes."""
+
+
 class ProfileError(EdgeSdkError, ValueError):
     """A device profile is missing, malformed or fails its schema."""
