@@ -56,6 +56,18 @@ VARIANTS: dict[str, list[str]] = {
     "coupled+sandwich+kappa1e-2": _SHIPPED + [
         "ordering.mask_scope=batch", "ordering.coupling=network", "train.sandwich=true"],
 }
+# The shipped recipe since the full-scale run (batch masks, layer coupling, sandwich + in-place
+# distillation, deterministic nested training) and one change at a time around it.
+_RECIPE = _SHIPPED + _BEST_SAMPLING + ["train.sandwich=true", "bayes.noise_start=1"]
+VARIANTS.update({
+    "recipe": _RECIPE,
+    "recipe+warmup": _RECIPE + ["bayes.noise_start=0.67"],  # weight noise in the last third
+    "recipe+wdmu": _RECIPE + ["train.decay_scope=weights"],
+    "recipe+mubar1": _RECIPE + ["ordering.init_mubar=1.0"],  # Downhill pass visits mid widths
+    "recipe+bs256": _RECIPE + ["train.batch_size=256", "train.lr=0.1"],  # linear lr scaling
+    "recipe+g16": _RECIPE + ["model.groups=16", "model.frozen=2"],  # same 1/8 always kept
+    "recipe-distill": _RECIPE + ["train.distill=false"],
+})
 
 
 def common(args) -> list[str]:
