@@ -8,8 +8,9 @@ from the bytes, stdlib only. Field numbers are those of TensorFlow Lite's ``sche
     Model          operator_codes: 1, subgraphs: 2
     OperatorCode   deprecated_builtin_code: 0 (int8), version: 2 (int32, default 1),
                    builtin_code: 3 (int32; the larger of the two codes is the real one)
-    SubGraph       tensors: 0, operators: 3
-    Tensor         type: 1 (int8 TensorType), quantization: 4
+    SubGraph       tensors: 0, inputs: 1 ([int32]), outputs: 2 ([int32]), operators: 3
+    Tensor         shape: 0 ([int32]), type: 1 (int8 TensorType), quantization: 4,
+                   shape_signature: 7 ([int32], -1 = a dimension resizable at run time)
     Quantization   scale: 2 ([float32]), quantized_dimension: 6 (int32)
     Operator       opcode_index: 0 (uint32), inputs: 1 ([int32], -1 = optional input left out)
 """
@@ -127,6 +128,57 @@ def read_ops(data: bytes, what: str = "model") -> list[OpInfo]:
                 ins.append(tensors[i] if i >= 0 else None)
             ops.append(OpInfo(*codes[index], tuple(ins)))
     return ops
+
+
+@dataclass(frozen=True)
+class IOTensor:
+    """A graph input or output of the main subgraph: its shape, type and, when the file has
+    one, its shape signature (``-1`` marks a dimension the interpreter may resize)."""
+
+    index: int
+    shape: tuple[int, ...]
+    type: str
+    shape_signature: tuple[int, ...] | None
+
+
+# a rank above this is no tensor a classifier runs: refuse before walking a hostile vector
+_MAX_RANK = 16
+_MAX_IO = 64
+
+
+def read_io(data: bytes, what: str = "model") -> tuple[list[IOTensor], list[IOTensor]]:
+    """(inputs, outputs) of the first subgraph (the one an interpreter runs). Raises
+    BundleError naming ``what`` on a malformed file or one without a subgraph."""
+    r = _Reader(data, what)
+    model = r.root()
+    subgraphs = r.tables(r.ref(model, 2))
+    if not subgraphs:
+        raise BundleError(f"{what}: the model has no subgraph")
+    sg = subgraphs[0]
+    tensors = r.tables(r.ref(sg, 0))
+
+    def tensor(i: int) -> IOTensor:
+        if not 0 <= i < len(tensors):
+            raise BundleError(f"{what}: graph input/output tensor index {i} out of range "
+                              f"({len(tensors)} tensors)")
+        t = tensors[i]
+        dims = []
+        for field in (0, 7):
+            vec = r.ref(t, field)
+            if r.length(vec) > _MAX_RANK:
+                raise BundleError(f"{what}: tensor {i} has rank {r.length(vec)}, more than "
+                                  f"{_MAX_RANK}")
+            dims.append(tuple(r.ints(vec)) if vec else None)
+        type_id = r.scalar(t, 1, "<b", 0)
+        return IOTensor(i, dims[0] or (), TENSOR_TYPES.get(type_id, f"type {type_id}"), dims[1])
+
+    io = []
+    for field, kind in ((1, "inputs"), (2, "outputs")):
+        vec = r.ref(sg, field)
+        if r.length(vec) > _MAX_IO:
+            raise BundleError(f"{what}: {r.length(vec)} graph {kind}, more than {_MAX_IO}")
+        io.append([tensor(i) for i in r.ints(vec)])
+    return io[0], io[1]
 
 
 def read_ops_file(path: str | Path) -> list[OpInfo]:

@@ -4,8 +4,8 @@ The exporter writes bundles through :func:`write_bundle`; the runtime reads them
 :func:`read_manifest`. This package owns the schema, so both sides agree on it by construction.
 Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
 device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec), :mod:`.manifest`
-(Configuration, Manifest), :mod:`.reading` (parse, resolve, verify) and :mod:`.writing` (atomic
-write). Import every name from here: ``from edge_sdk.bundle import Manifest``.
+(Configuration, Manifest), :mod:`.reading` (parse, resolve, verify), :mod:`.slices` (the verified
+bytes interpreters are built from) and :mod:`.writing` (atomic write). Import every name from here: ``from edge_sdk.bundle import Manifest``.
 
 Schema version 1 (``manifest.yaml``)::
 
@@ -77,6 +77,7 @@ from edge_sdk.bundle.records import (
     OutputSpec,
     file_entry,
 )
+from edge_sdk.bundle.slices import check_slice, read_slices, verify_bytes
 from edge_sdk.bundle.writing import write_bundle
 from edge_sdk.errors import BundleError  # noqa: F401 (tests and exporters reach it as bundle.BundleError)
 
@@ -93,11 +94,14 @@ __all__ = [
     "InputSpec",
     "Manifest",
     "OutputSpec",
+    "check_slice",
     "file_entry",
     "manifest_to_yaml",
     "read_manifest",
+    "read_slices",
     "resolve_file",
     "sha256_file",
+    "verify_bytes",
     "verify_files",
     "write_bundle",
 ]

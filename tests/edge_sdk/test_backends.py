@@ -232,12 +232,13 @@ def test_the_measurement_behind_the_rule():
 
 def _with_hybrid_file(bundle: Path, dst: Path, version: int) -> tuple[Path, str]:
     """A copy of ``bundle`` whose widest point configuration's file is the hybrid layer (a
-    valid bundle: the manifest lists the new file's sha256)."""
+    valid bundle: the manifest lists the new file's sha256, and the layer has the digits
+    slices' input and output tensors, which load() checks)."""
     shutil.copytree(bundle, dst)
     data = read_manifest(dst).to_dict()
     points = [c for c in data["configurations"] if c["scope"] == "point"]
     c = max(points, key=lambda c: c["width"])
-    blob = (DATA / f"hybrid_fc_v{version}.tflite").read_bytes()
+    blob = (DATA / f"hybrid_fc_8x8_v{version}.tflite").read_bytes()
     (dst / c["files"][0]["name"]).write_bytes(blob)
     c["files"][0] = file_entry(c["files"][0]["name"], blob).to_dict()
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))

@@ -8,6 +8,10 @@ route writes it:
   hybrid_fc_v12.tflite  op version 12, the exporter's (correct) marking
   hybrid_fc_v3.tflite   the same model marked version 3, as older writers did
   hybrid_fc.npz         x, and reference = x @ dequantized(w).T + b
+  hybrid_fc_8x8_v12.tflite, hybrid_fc_8x8_v3.tflite
+                        the same route with the digits bundle's tensors (input [1, 8, 8, 1],
+                        RESHAPE to [1, 64], output [1, 10]), so it can stand in for one of its
+                        point slices: load() checks every slice's shapes against the manifest
 """
 from pathlib import Path
 
@@ -19,25 +23,39 @@ from exporters.tflite import ChannelQuant, GraphBuilder, _AlignedBuilder, quanti
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> None:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((3, 16)).astype(np.float32)
-    w = (rng.standard_normal((8, 16)) * np.linspace(0.1, 5, 8)[:, None]).astype(np.float32)
-    b = rng.standard_normal(8).astype(np.float32)
+def _hybrid_fc(rng, x_shape, units: int, flatten: bool) -> tuple[bytes, bytes, object]:
+    """(version 12 model, the same marked version 3, the quantized weights, the bias)."""
+    features = int(np.prod(x_shape[1:]))
+    w = (rng.standard_normal((units, features))
+         * np.linspace(0.1, 5, units)[:, None]).astype(np.float32)
+    b = rng.standard_normal(units).astype(np.float32)
     q = quantize_per_channel(w, 0)
     g = GraphBuilder()
-    inp = g.add_input("input", x.shape)
+    inp = g.add_input("input", x_shape)
+    if flatten:
+        inp = g.reshape(inp, (x_shape[0], features), name="flatten")
     wt = g.add_const(q.values, "w", ChannelQuant(q.scale, 0))
     g.mark_output(g.fully_connected(inp, wt, g.add_const(b, "b"), name="fc"), "logits")
     v12 = g.finish()
     m = schema.ModelT.InitFromPackedBuf(v12, 0)
-    assert [oc.version for oc in m.operatorCodes] == [12]
-    m.operatorCodes[0].version = 3
+    fc = [i for i, oc in enumerate(m.operatorCodes) if oc.version == 12]
+    assert len(fc) == 1
+    m.operatorCodes[fc[0]].version = 3
     builder = _AlignedBuilder(len(v12) + 4096)
     builder.Finish(m.Pack(builder), file_identifier=b"TFL3")
+    return v12, bytes(builder.Output()), (q, b)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    v12, v3, (q, b) = _hybrid_fc(rng, x.shape, 8, flatten=False)
     (HERE / "hybrid_fc_v12.tflite").write_bytes(v12)
-    (HERE / "hybrid_fc_v3.tflite").write_bytes(bytes(builder.Output()))
+    (HERE / "hybrid_fc_v3.tflite").write_bytes(v3)
     np.savez(HERE / "hybrid_fc.npz", x=x, reference=x @ q.dequantize().T + b)
+    v12, v3, _ = _hybrid_fc(rng, (1, 8, 8, 1), 10, flatten=True)
+    (HERE / "hybrid_fc_8x8_v12.tflite").write_bytes(v12)
+    (HERE / "hybrid_fc_8x8_v3.tflite").write_bytes(v3)
 
 
 if __name__ == "__main__":
