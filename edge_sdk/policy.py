@@ -1,22 +1,28 @@
-"""Which configuration answers a call: the budget rule, stated once.
+"""Which configuration answers a call: the budget rule, stated once, and the plan it leads to.
 
 Among the configurations that fit both budgets, pick the lowest validation NLL in the manifest;
 ties go to the larger width, then to fewer invokes. A configuration fits when its predicted
-latency is within the latency budget and its memory need is within both the memory budget and
-the memory available right now. Nothing fits: the cheapest configuration, flagged
-``budget_met=False`` (or ``BudgetError`` in strict mode).
+**end-to-end** latency (what the app waits for ``predict()``: input checks, normalisation,
+invokes, the answer's maths) is within the latency budget and its memory need is within the
+memory budget, the memory available right now and the runtime's ``memory_cap_mb``. Nothing fits:
+the cheapest configuration, flagged ``budget_met=False`` (or :class:`BudgetNotMetError` in strict
+mode, naming the shortfall).
 
-Predicted latency is an EWMA of latencies measured on this device once there are any, else a
-prior: the device profile's figure (a measured profile's latency table, or a published profile's
-MACs-based estimate) when the runtime was given one, else the manifest's host-measured latency,
-else a deliberately slow MACs-based fallback. A measurement ages: with no new observation its
-weight halves every ``half_life_s`` seconds or every ``half_life_calls`` decisions, whichever
-comes first, towards the prior, so a configuration measured slow during a
-transient (another app, thermal throttling) is tried again later instead of being shunned for
-good, and a fresh estimate clips a measurement at twice itself, so one preemption spike cannot
-push a configuration out of its budget. Hysteresis: while the configuration chosen last still fits, a better one replaces it only
-if it fits with ``hysteresis`` (10 %) headroom below the budget, so a latency hovering at the
-budget does not flap between two widths, and nothing is kept once it no longer fits.
+Predicted latency is an EWMA of end-to-end latencies measured on this device once there are any,
+else a prior plus the SDK's own overhead: the prior is the device profile's figure (a measured
+profile's latency table, or a published profile's MACs-based estimate) when the runtime was given
+one, else the manifest's host-measured invoke latency, else a deliberately slow MACs-based
+fallback; the overhead (time outside the interpreter) is measured at load and then learned from
+every call. A measurement ages: with no new observation its weight halves every ``half_life_s``
+seconds or every ``half_life_calls`` decisions, whichever comes first, towards the prior, so a
+configuration measured slow during a transient is tried again later instead of being shunned for
+good; a fresh estimate clips a measurement at twice itself, so one preemption spike cannot push
+a configuration out of its budget. Hysteresis: while the configuration chosen last still fits, a
+better one replaces it only if it fits with ``hysteresis`` (10 %) headroom below the budget.
+
+:meth:`Policy.plan` turns the choice into the stages the runtime executes: one stage for the
+``best`` policy; for ``cascade``, a cheaper first stage that answers when confident enough (the
+exported plan, or a climb through the widths on the target-accuracy thresholds).
 """
 from __future__ import annotations
 
@@ -29,12 +35,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from edge_sdk.bundle import Configuration
-from edge_sdk.errors import BudgetError
+from edge_sdk.errors import BudgetError, BudgetNotMetError, ConfigError
 
 # Used only when the manifest has no measured latency: a deliberately slow 1 GMAC/s CPU plus a
 # fixed per-invoke overhead, so an unmeasured configuration is never optimistically preferred.
 FALLBACK_GMACS = 1.0
 FALLBACK_OVERHEAD_MS = 0.05
+MODES = ("best", "cascade")
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,34 @@ class Budget:
                     or math.isnan(v) or v <= 0):
                 raise BudgetError(f"Budget.{name} must be a positive number or None, got {v!r}")
             object.__setattr__(self, name, float(v))  # numpy scalars welcome, stored as float
+
+
+def check_budget(value: object, what: str = "budget") -> Budget:
+    """``value`` when it is a Budget; BudgetError otherwise (a bare number is ambiguous: 5 ms?
+    5 MB? and 0 must never silently mean "no budget")."""
+    if isinstance(value, Budget):
+        return value
+    hint = (f"; for a latency budget write edge_sdk.Budget(latency_ms={value!r})"
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) else "")
+    raise BudgetError(f"{what} must be an edge_sdk.Budget (or None for the model's budget), got "
+                      f"{type(value).__name__}{hint}")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One configuration the runtime runs. ``accept``: the confidence at which this stage's
+    answer stands (None: the last stage, it always stands)."""
+
+    config: Configuration
+    accept: float | None
+    predicted_ms: float  # end-to-end, what the budget check before this stage adds
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    fits: bool  # whether the rule found a configuration predicted to fit
+    reason: str
 
 
 class MemoryProbe:
@@ -75,26 +110,55 @@ class MemoryProbe:
         return self._value
 
 
+def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
+            lo_open: bool = False) -> float:
+    ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
+          and (not integer or isinstance(v, numbers.Integral)) and math.isfinite(v)
+          and (v > lo if lo_open else v >= lo) and v <= hi)
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise ConfigError(f"{name} must be {kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}], "
+                          f"got {v!r}")
+    return int(v) if integer else float(v)
+
+
 class Policy:
-    """Selects configurations and learns their latency on this device."""
+    """Selects configurations, plans the stages of a call and learns latency on this device.
+
+    ``overhead_ms``: the SDK's own time per call (outside the interpreter) by configuration id,
+    measured at load; ``prior_source`` names where ``priors`` came from (explain()).
+    """
 
     def __init__(self, configs: Sequence[Configuration], memory: MemoryProbe,
                  ewma: float = 0.2, hysteresis: float = 0.1,
                  priors: Mapping[str, float] | None = None, half_life_s: float = 10.0,
                  half_life_calls: int = 200,
-                 outlier: float = 2.0, clock: Callable[[], float] = time.monotonic):
+                 outlier: float = 2.0, clock: Callable[[], float] = time.monotonic, *,
+                 overhead_ms: Mapping[str, float] | None = None,
+                 prior_source: str = "device profile", memory_cap_mb: float | None = None,
+                 mode: str = "best", target: str = "0.95"):
         self.memory = memory
         # ageing in seconds covers an idle app; in decisions, a fast one (0.1 ms calls would
         # otherwise shun a configuration for 10 s after a burst). Retrying a configuration that
         # really is slow costs one late call per >= 1 half-life: <= 0.5 % of calls at 200.
-        self.ewma, self.hysteresis, self.half_life_s = ewma, hysteresis, half_life_s
-        self.half_life_calls = half_life_calls
-        self._calls = 0  # decisions made (choose), the second clock measurements age by
+        self.ewma = _number("ewma", ewma, 0, 1, lo_open=True)
+        self.hysteresis = _number("hysteresis", hysteresis, 0, 0.9)
+        self.half_life_s = _number("half_life_s", half_life_s, 0, 1e9, lo_open=True)
+        self.half_life_calls = _number("half_life_calls", half_life_calls, 1, 1e12, integer=True)
         self.outlier = outlier
+        if mode not in MODES:
+            raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode, self.target = mode, target
+        self.climb_only = False  # cascade: ignore exported plans, climb on thresholds
+        self.memory_cap_mb = memory_cap_mb
+        self._calls = 0  # decisions made (choose), the second clock measurements age by
         self._priors = dict(priors or {})
+        self.prior_source = prior_source
+        self._overhead = dict(overhead_ms or {})
         self._clock = clock
-        # id -> (EWMA ms, when observed, decisions made by then)
-        self._measured: dict[str, tuple[float, float, int]] = {}
+        # id (or (id, batch size)) -> (EWMA ms, when observed, decisions made by then)
+        self._measured: dict = {}
+        self.first_use_ms: dict[str, float] = {}  # creation + first invoke, kept out of the EWMA
         self._last: str | None = None
         self.configs = configs
 
@@ -112,28 +176,61 @@ class Policy:
         self._ranked = sorted(self._configs, key=self.preference)
         self._need = {c.id: self.memory_need_mb(c) for c in self._configs}
 
+    @property
+    def ranked(self) -> list[Configuration]:
+        """The configurations in the rule's order of preference (quality rank 1 first)."""
+        return list(self._ranked)
+
     # ---- predictions about a configuration ------------------------------------------------
     def prior_latency_ms(self, c: Configuration) -> float:
-        """What is believed before this device has measured ``c``."""
+        """The interpreter time believed before this device has measured ``c``."""
+        return self._prior(c)[0]
+
+    def _prior(self, c: Configuration) -> tuple[float, str]:
         if c.id in self._priors:
-            return self._priors[c.id]
+            return self._priors[c.id], self.prior_source
         if c.latency_ms is not None:
-            return c.latency_ms
-        return c.invokes * (c.macs / (FALLBACK_GMACS * 1e6) + FALLBACK_OVERHEAD_MS)
+            return c.latency_ms, "manifest"
+        return c.invokes * (c.macs / (FALLBACK_GMACS * 1e6) + FALLBACK_OVERHEAD_MS), \
+            "MACs fallback"
 
-    def _predicted(self, c: Configuration, now: float) -> float:
-        m = self._measured.get(c.id)
+    def overhead_ms(self, c: Configuration) -> float:
+        """The SDK's time outside the interpreter for a call answered by ``c`` (load-time)."""
+        return self._overhead.get(c.id, 0.0)
+
+    def _end_to_end_prior(self, c: Configuration, n: int = 1) -> float:
+        one = self.prior_latency_ms(c) + self.overhead_ms(c)
+        if n == 1:
+            return one
+        m = self._measured.get(c.id)  # a batch never costs more than n single calls
+        return n * (one if m is None else self._blend(one, m[0], self._stale(m, self._clock())))
+
+    def _predicted(self, c: Configuration, now: float, n: int = 1) -> float:
+        m = self._measured.get(c.id if n == 1 else (c.id, n))
+        prior = self._end_to_end_prior(c, n)
         if m is None:
-            return self.prior_latency_ms(c)
-        return self._blend(c, m[0], self._stale(m, now))
+            return prior
+        return self._blend(prior, m[0], self._stale(m, now))
 
-    def _blend(self, c: Configuration, measured: float, stale: float) -> float:
+    @staticmethod
+    def _blend(prior: float, measured: float, stale: float) -> float:
         if stale < 1e-3:
             return measured
-        return (1 - stale) * measured + stale * self.prior_latency_ms(c)
+        return (1 - stale) * measured + stale * prior
 
-    def predicted_latency_ms(self, c: Configuration) -> float:
-        return self._predicted(c, self._clock())
+    def predicted_latency_ms(self, c: Configuration, n: int = 1) -> float:
+        """End-to-end latency of a call of ``n`` samples answered by ``c`` alone."""
+        return self._predicted(c, self._clock(), n)
+
+    def latency_source(self, c: Configuration) -> str:
+        """Where :meth:`predicted_latency_ms` comes from (explain())."""
+        m = self._measured.get(c.id)
+        prior = f"{self._prior(c)[1]} + SDK overhead"
+        if m is None:
+            return prior
+        stale = self._stale(m, self._clock())
+        return "measured EWMA" if stale < 1e-3 else \
+            f"measured EWMA aged {stale:.0%} toward {prior}"
 
     def _stale(self, m: tuple[float, float, int], now: float) -> float:
         """Weight of the prior: 0 for a fresh measurement, -> 1 as it ages."""
@@ -146,17 +243,19 @@ class Policy:
             return c.memory_mb
         return sum(f.bytes for f in c.files) * 4 / 2 ** 20  # DEQUANTIZE keeps an fp32 copy
 
-    def observe(self, config_id: str, latency_ms: float) -> None:
-        """Fold a measured latency into the configuration's EWMA. The older the previous
-        estimate, the more the new measurement counts (a stale estimate is mostly prior)."""
+    def observe(self, config_id: str, latency_ms: float, n: int = 1) -> None:
+        """Fold a measured end-to-end latency (of ``n`` samples) into the configuration's EWMA.
+        The older the previous estimate, the more the new measurement counts."""
         now = self._clock()
-        old = self._measured.get(config_id)
+        key = config_id if n == 1 else (config_id, n)
+        old = self._measured.get(key)
         if old is None:
             new = latency_ms
         else:
             stale = self._stale(old, now)
             a = max(self.ewma, stale)
-            pred = self._blend(self._by_id[config_id], old[0], stale)
+            pred = self._blend(self._end_to_end_prior(self._by_id[config_id], n), old[0], stale) \
+                if config_id in self._by_id else old[0]
             if stale <= self.ewma:
                 # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
                 # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
@@ -164,22 +263,33 @@ class Policy:
                 # still followed at the full EWMA rate
                 latency_ms = min(latency_ms, self.outlier * pred)
             new = (1 - a) * pred + a * latency_ms
-        self._measured[config_id] = (new, now, self._calls)
+        self._measured[key] = (new, now, self._calls)
 
     # ---- the rule --------------------------------------------------------------------------
-    def _fits(self, c: Configuration, latency: float | None, mem_limit: float, now: float,
-              slack: float = 1.0) -> bool:
+    def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:
         need = self._need.get(c.id)
-        if (self.memory_need_mb(c) if need is None else need) > mem_limit:
+        return (self.memory_need_mb(c) if need is None else need) <= mem_limit
+
+    def _fits(self, c: Configuration, latency: float | None, mem_limit: float, now: float,
+              slack: float = 1.0, n: int = 1) -> bool:
+        if not self._mem_ok(c, mem_limit):
             return False
-        return latency is None or self._predicted(c, now) <= latency * slack
+        return latency is None or self._predicted(c, now, n) <= latency * slack
 
-    def _limit(self, budget: Budget) -> float:
-        avail = self.memory.available_mb()
-        return avail if budget.memory_mb is None else min(budget.memory_mb, avail)
+    def memory_limit_mb(self, budget: Budget) -> float:
+        """The tightest of the memory budget, the memory available now and ``memory_cap_mb``."""
+        limit = self.memory.available_mb()
+        for v in (budget.memory_mb, self.memory_cap_mb):
+            if v is not None:
+                limit = min(limit, v)
+        return limit
 
-    def fits(self, c: Configuration, budget: Budget, slack: float = 1.0) -> bool:
-        return self._fits(c, budget.latency_ms, self._limit(budget), self._clock(), slack)
+    def fits(self, c: Configuration, budget: Budget, slack: float = 1.0, n: int = 1) -> bool:
+        return self._fits(c, budget.latency_ms, self.memory_limit_mb(budget), self._clock(),
+                          slack, n)
+
+    def fits_memory(self, c: Configuration, budget: Budget) -> bool:
+        return self._mem_ok(c, self.memory_limit_mb(budget))
 
     @staticmethod
     def preference(c: Configuration) -> tuple:
@@ -188,30 +298,119 @@ class Policy:
     def cost(self, c: Configuration) -> tuple:
         return (self.predicted_latency_ms(c), self.memory_need_mb(c), c.invokes)
 
-    def choose(self, budget: Budget, strict: bool = False,
-               among: Sequence[Configuration] | None = None) -> tuple[Configuration, bool]:
-        """(configuration, budget_met) for this call."""
+    def decide(self, budget: Budget, n: int = 1, among: Sequence[Configuration] | None = None
+               ) -> tuple[Configuration, bool, str]:
+        """(configuration, fits, why) for a call of ``n`` samples; changes no state."""
         pool = self._ranked if among is None else sorted(among, key=self.preference)
-        self._calls += 1
-        now, limit, latency = self._clock(), self._limit(budget), budget.latency_ms
-        best = next((c for c in pool if self._fits(c, latency, limit, now)), None)
+        now, limit, latency = self._clock(), self.memory_limit_mb(budget), budget.latency_ms
+        best = next((c for c in pool if self._fits(c, latency, limit, now, n=n)), None)
         last = self._by_id.get(self._last) if self._last is not None else None
         if best is not None and last is not None and best.id != last.id and last in pool \
-                and self._fits(last, latency, limit, now):
+                and self._fits(last, latency, limit, now, n=n):
             # Hysteresis: the incumbent fits, and a better configuration replaces it only if
             # that one fits with `hysteresis` headroom; so a latency hovering at the budget
             # does not flap, and no configuration is ever kept beyond the budget.
             headroom, keep = 1 - self.hysteresis, self.preference(last)
-            best = next((c for c in pool if c is last or (
-                self.preference(c) < keep and self._fits(c, latency, limit, now, headroom))),
+            better = next((c for c in pool if c is last or (
+                self.preference(c) < keep and self._fits(c, latency, limit, now, headroom, n))),
                 last)
+            if better is last and self.preference(best) < keep:
+                return last, True, (f"kept {last.id}: {best.id} ranks higher but does not fit "
+                                    f"with {self.hysteresis:.0%} headroom (hysteresis)")
+            best = better
         if best is not None:
-            self._last = best.id
-            return best, True
-        cheapest = min(pool, key=self.cost)
-        if strict:
-            raise BudgetError(
-                f"no configuration fits latency {budget.latency_ms} ms / memory "
-                f"{budget.memory_mb} MB (available {self.memory.available_mb():.0f} MB); the "
-                f"cheapest, {cheapest.id}, needs {self.predicted_latency_ms(cheapest):.3f} ms")
-        return cheapest, False
+            rank = pool.index(best) + 1
+            return best, True, (f"the best-ranked configuration that fits (quality rank {rank} "
+                                f"of {len(pool)})")
+        in_memory = [c for c in pool if self._mem_ok(c, limit)]
+        if in_memory:  # only the latency budget is out of reach: the fastest that fits memory
+            cheapest = min(in_memory, key=lambda c: (self._predicted(c, now, n),
+                                                     self.memory_need_mb(c), c.invokes))
+            over = self._predicted(cheapest, now, n) - latency
+            why = (f"no configuration fits latency {latency:g} ms end-to-end"
+                   + (f" for a batch of {n}" if n > 1 else "")
+                   + f" within the memory limit of {limit:.4g} MB"
+                   + f"; the fastest, {cheapest.id}, is predicted at "
+                   f"{self._predicted(cheapest, now, n):.4g} ms ({over:.4g} ms over)")
+        else:
+            cheapest = min(pool, key=lambda c: (self.memory_need_mb(c),
+                                                self._predicted(c, now, n), c.invokes))
+            need = self.memory_need_mb(cheapest)
+            why = (f"no configuration fits the memory limit of {limit:.4g} MB (memory budget "
+                   f"{_mb(budget.memory_mb)}, available {self.memory.available_mb():.0f} MB, "
+                   f"memory_cap_mb {_mb(self.memory_cap_mb)}); the smallest, {cheapest.id}, "
+                   f"needs {need:.4g} MB: {need - limit:.4g} MB short")
+        return cheapest, False, why
+
+    def choose(self, budget: Budget, strict: bool = False,
+               among: Sequence[Configuration] | None = None, n: int = 1
+               ) -> tuple[Configuration, bool]:
+        """(configuration, fits) for this call; records the decision (hysteresis, ageing)."""
+        c, ok, why = self.decide(budget, n, among)
+        self._calls += 1
+        if ok:
+            self._last = c.id
+        elif strict:
+            raise BudgetNotMetError(why)
+        return c, ok
+
+    def check_pinned(self, c: Configuration, budget: Budget, n: int = 1) -> None:
+        """Strict mode, a pinned configuration: BudgetNotMetError unless it is predicted to fit."""
+        limit = self.memory_limit_mb(budget)
+        if not self._mem_ok(c, limit):
+            need = self.memory_need_mb(c)
+            raise BudgetNotMetError(f"{c.id} needs {need:.4g} MB, the memory limit is "
+                                    f"{limit:.4g} MB: {need - limit:.4g} MB short")
+        if budget.latency_ms is not None:
+            pred = self.predicted_latency_ms(c, n)
+            if pred > budget.latency_ms:
+                raise BudgetNotMetError(
+                    f"{c.id} is predicted at {pred:.4g} ms end-to-end, over the latency budget "
+                    f"{budget.latency_ms:g} ms by {pred - budget.latency_ms:.4g} ms")
+
+    # ---- the plan --------------------------------------------------------------------------
+    def plan(self, budget: Budget, strict: bool = False, n: int = 1) -> Plan:
+        """The stages of a call (see the module docstring). Records the decision."""
+        best, ok = self.choose(budget, strict, n=n)
+        return self._stages(best, ok, budget, n)
+
+    def preview(self, budget: Budget, n: int = 1) -> Plan:
+        """What :meth:`plan` would do now, changing no state (explain())."""
+        best, ok, why = self.decide(budget, n)
+        return self._stages(best, ok, budget, n, why)
+
+    def _stages(self, best: Configuration, ok: bool, budget: Budget, n: int,
+                why: str | None = None) -> Plan:
+        why = why or ("fits" if ok else "nothing fits: the cheapest")
+        lat_best = self.predicted_latency_ms(best, n)
+        final = Stage(best, None, lat_best)
+        if self.mode == "best":
+            return Plan((final,), ok, why)
+        if not self.climb_only and any(best.id in c.cascade for c in self._configs):
+            plans = [(self.predicted_latency_ms(c, n)
+                      + (1 - c.cascade[best.id]["coverage"]) * lat_best, c)
+                     for c in self._configs
+                     if best.id in c.cascade and c.cascade[best.id]["threshold"] is not None
+                     and self.fits(c, budget, n=n)]
+            expected, first = min(plans, key=lambda t: t[0], default=(math.inf, None))
+            if first is None or expected >= lat_best:
+                return Plan((final,), ok, why + "; no first stage pays off")
+            return Plan((Stage(first, first.cascade[best.id]["threshold"],
+                               self.predicted_latency_ms(first, n)), final), ok,
+                        why + f"; cascade: {first.id} answers when confident "
+                              f"(expected {expected:.4g} ms vs {lat_best:.4g} ms)")
+        # no exported plans: climb the widths of best's scope on the target-accuracy thresholds
+        ladder = sorted((c for c in self._configs if c.scope == best.scope
+                         and c.width <= best.width and self.fits(c, budget, n=n)),
+                        key=lambda c: c.width) or [best]
+        stages = []
+        for i, c in enumerate(ladder):
+            last = i + 1 == len(ladder)
+            t = c.thresholds.get(self.target)
+            stages.append(Stage(c, None if last else (math.inf if t is None else t),
+                                self.predicted_latency_ms(c, n)))
+        return Plan(tuple(stages), ok, why + f"; climb through {len(stages)} width(s)")
+
+
+def _mb(v: float | None) -> str:
+    return "none" if v is None else f"{v:g} MB"

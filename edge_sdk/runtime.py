@@ -3,72 +3,84 @@
     model = edge_sdk.load("bundle/")
     model.budget = edge_sdk.Budget(latency_ms=5)
     p = model.predict(x)          # x: one sample, shape manifest.input.shape[1:]
-    p.label, p.confidence, p.mutual_info, p.abstain, p.width
+    p.label, p.confidence, p.mutual_info, p.abstain, p.width, p.latency_ms, p.invoke_ms
+
+The policy (:mod:`edge_sdk.policy`) decides and plans every call; this module only checks the
+input, executes the plan's stages on per-thread interpreters and measures what the app waited.
 """
 from __future__ import annotations
 
 import math
-import operator
+import numbers
 import os
+import statistics
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from edge_sdk.backends import check_bundle, interpreter_class
-from edge_sdk.bundle import Configuration, Manifest, read_manifest, resolve_file
-from edge_sdk.errors import BudgetError, InputError
-from edge_sdk.policy import Budget, MemoryProbe, Policy
+from edge_sdk.bundle import Configuration, Manifest, read_manifest, read_slices
+from edge_sdk.errors import BudgetError, ConfigError, ProfileError
+from edge_sdk.explain import ExplainRow, Explanation
+from edge_sdk.inputs import InputChecker
+from edge_sdk.policy import MODES, Budget, MemoryProbe, Policy, Stage, check_budget
+from edge_sdk.prediction import Prediction, draft, finish
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
+from edge_sdk.recorder import TraceRecorder
+from edge_sdk.runtime_exec import Executor
 
-POLICIES = ("best", "cascade")
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: int
-    class_name: str
-    probs: tuple[float, ...]  # calibrated (the configuration's temperature), model-averaged
-    confidence: float  # max of probs
-    entropy: float  # predictive entropy H[mean_s p_s] (nats)
-    mutual_info: float  # predictive - expected entropy, >= 0 (0 for a point configuration)
-    abstain: bool  # confidence below the threshold exported for the target accuracy
-    width: float
-    scope: str
-    samples: int
-    config_id: str
-    latency_ms: float
-    budget_met: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["EdgeModel", "Prediction", "load"]
+POLICIES = MODES
+MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
 
 
-class EdgeModel:
+def _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb) -> None:
+    """load()'s arguments, typed before the bundle is read."""
+    if profile is not None and not isinstance(profile, (str, os.PathLike)):
+        raise ProfileError(f"profile must be 'auto', a built-in profile name, a YAML path or "
+                           f"None, got {type(profile).__name__} {profile!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise ConfigError(f"threads must be an integer in [1, {MAX_THREADS}] or None (the "
+                          f"runtime's default), got {threads!r}")
+    if not isinstance(policy, str) or policy not in MODES:
+        raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {policy!r}")
+    if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
+            or not 0 < target_accuracy <= 1:
+        raise ConfigError(f"target_accuracy must be a number in (0, 1], got "
+                          f"{target_accuracy!r}")
+    if not isinstance(strict, bool):
+        raise ConfigError(f"strict must be True or False, got {strict!r}")
+    if memory_cap_mb is not None and (
+            isinstance(memory_cap_mb, (bool, np.bool_))
+            or not isinstance(memory_cap_mb, numbers.Real)
+            or not math.isfinite(memory_cap_mb) or memory_cap_mb <= 0):
+        raise BudgetError(f"memory_cap_mb must be a positive number of MB or None, got "
+                          f"{memory_cap_mb!r}")
+
+
+class EdgeModel(Executor):
     """A loaded bundle. Thread-safe: each thread gets its own interpreters (LiteRT interpreters
-    are not thread-safe), created lazily and kept resident up to ``memory_cap_mb`` per thread."""
+    are not thread-safe), created lazily, warmed up by one invoke, and kept resident up to
+    ``memory_cap_mb`` per thread."""
 
     def __init__(self, bundle_dir: str | Path, *, profile: str | os.PathLike | None = "auto",
                  threads: int | None = None,
                  target_accuracy: float = 0.95, policy: str = "best", strict: bool = False,
                  memory_reader: Callable[[], float] | None = None,
                  memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter,
-                 backend: str | None = None):
+                 backend: str | None = None, hysteresis: float = 0.1,
+                 half_life_s: float = 10.0, half_life_calls: int = 200):
+        _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
         self.bundle_dir = Path(bundle_dir)
-        self.manifest: Manifest = read_manifest(self.bundle_dir, verify=True)  # sha256 first
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or threads < 1):
-            raise BudgetError(f"threads must be a positive integer or None, got {threads!r}")
-        if policy not in POLICIES:
-            raise BudgetError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-        if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
-                or not 0 < target_accuracy <= 1:
-            raise BudgetError(f"target_accuracy must be a number in (0, 1], got "
-                              f"{target_accuracy!r}")
+        self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
+        # every slice read once, sha256-verified and shape-checked on those bytes; interpreters
+        # are built from them only (a file swapped after load() never runs)
+        self._slices = read_slices(self.bundle_dir, self.manifest)
         key = f"{target_accuracy:g}"
         missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
         if missing:
@@ -79,29 +91,35 @@ class EdgeModel:
         self._target_key = key
         self.threads = threads
         self._interp_cls, self.backend = interpreter_class(backend)  # BackendError if none
-        check_bundle(self.bundle_dir, self.manifest, self.backend)  # nothing it answers wrongly
+        # nothing it answers wrongly, and every slice parses with this backend
+        check_bundle(self.bundle_dir, self.manifest, self.backend, self._slices, self._interp_cls)
         self.profile, self.latency_source, priors = self._priors(profile)
-        self.policy = Policy(self.manifest.configurations, MemoryProbe(memory_reader),
-                             priors=priors)
+        self._inputs = InputChecker(self.manifest.input)
+        self._classes = len(self.manifest.labels)
+        self._labels = tuple(self.manifest.labels)
+        self._configs = {c.id: c for c in self.manifest.configurations}
+        self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
+        self.policy = Policy(
+            self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
+            hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
+            overhead_ms=self._measure_overhead(), prior_source=self.latency_source,
+            memory_cap_mb=self.memory_cap_mb, mode=policy, target=key)
+        if self.memory_cap_mb is not None:
+            small = min(self.manifest.configurations, key=self.policy.memory_need_mb)
+            if self.policy.memory_need_mb(small) > self.memory_cap_mb:
+                raise BudgetError(
+                    f"memory_cap_mb {self.memory_cap_mb:g} MB is below every configuration's "
+                    f"memory need: the smallest, {small.id}, needs "
+                    f"{self.policy.memory_need_mb(small):.4g} MB")
         self.budget = Budget()
-        self.memory_cap_mb = memory_cap_mb
         self._clock = clock
         self._local = threading.local()
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
-        spec = self.manifest.input
-        std = np.asarray(spec.std, np.float32)
-        self._scale = (1.0 / std).astype(np.float32)  # (raw - mean) / std as one multiply-add
-        self._shift = (-np.asarray(spec.mean, np.float32) / std).astype(np.float32)
-        self._want = tuple(spec.shape[1:])
-        self._grey = self._want[:2] if self._want[2] == 1 else None  # [H, W] is accepted too
-        lo, hi = spec.value_range
-        self._lo = lo - 1e-6 * max(1.0, abs(lo))
-        self._hi = hi + 1e-6 * max(1.0, abs(hi))
-        self._classes = len(self.manifest.labels)
-        self._configs = {c.id: c for c in self.manifest.configurations}
+        self._batchable: dict[str, bool] = {}
+        self._recorder: TraceRecorder | None = None
 
     def _priors(self, profile) -> tuple[DeviceProfile | None, str, dict[str, float]]:
-        """Latency believed per configuration before this process has measured it.
+        """Interpreter latency believed per configuration before this process has measured it.
 
         "auto": the measured profile ``edge-sdk profile`` cached for this bundle on this host,
         else the manifest's latencies (measured on the exporting host). A name or path: that
@@ -125,6 +143,30 @@ class EdgeModel:
         return prof, f"profile {prof.name} (MACs estimate)", {
             c.id: prof.estimate_ms(c.macs, c.invokes, self.threads, c.weights) for c in configs}
 
+    def _measure_overhead(self, repeats: int = 15) -> dict[str, float]:
+        """The SDK's own time per call outside the interpreter (input checks, normalisation,
+        the answer's maths), measured here on this host, so an unmeasured configuration's
+        end-to-end prior is its invoke prior plus this. Keyed by the answer's shape."""
+        lo, hi = self.manifest.input.value_range
+        x = np.full(self._inputs.want, (lo + hi) / 2,
+                    np.uint8 if self.manifest.input.dtype == "uint8" else np.float32)
+        by_shape: dict[tuple[int, int], float] = {}
+        out = {}
+        for c in self.manifest.configurations:
+            rows = 1 if c.scope == "point" else c.samples
+            shape = (rows, c.invokes)
+            if shape not in by_shape:
+                logits = np.zeros((rows, self._classes), np.float32)
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    self._inputs.one(x)
+                    finish(draft(c, logits), self._labels, self._target_key, 0.0, 0.0, True)
+                    times.append(time.perf_counter() - t0)
+                by_shape[shape] = statistics.median(times) * 1e3
+            out[c.id] = by_shape[shape]
+        return out
+
     # ---- public ----------------------------------------------------------------------------
     @property
     def input_spec(self):
@@ -136,217 +178,174 @@ class EdgeModel:
 
     @budget.setter
     def budget(self, value: Budget) -> None:
-        if not isinstance(value, Budget):
-            raise BudgetError(f"budget must be an edge_sdk.Budget, got {type(value).__name__}")
-        self._budget = value
+        self._budget = check_budget(value, "budget")
+
+    @property
+    def first_use_ms(self) -> dict[str, float]:
+        """Per configuration built in this process: interpreter creation + the first (warm-up)
+        invoke, the cost a cold configuration adds to one call and never to the estimate."""
+        return dict(self.policy.first_use_ms)
 
     def predict(self, x, budget: Budget | None = None, *, config_id: str | None = None
                 ) -> Prediction:
         """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
-        also takes ``[H, W]``, the channel axis added as for training data). ``config_id``
-        pins a configuration (benchmarks, debugging) instead of letting the policy choose."""
-        x = self._prepare(x, "x")
+        also takes ``[H, W]``). ``budget``: an :class:`edge_sdk.Budget` for this call (None:
+        the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
+        letting the policy choose; its ``budget_met`` is still judged against the budget and
+        strict mode still raises when it is predicted not to fit."""
+        t0 = self._clock()
+        budget = self._budget if budget is None else check_budget(budget)
+        xn = self._inputs.one(x)
         if config_id is not None:
-            c = self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
-            logits, ms = self._run(c, x)
+            stages = (self._pinned(config_id, budget, 1),)
+        else:
             with self._lock:
-                self.policy.observe(c.id, ms)  # a real measurement on this device all the same
-            return self._answer(c, logits, ms, True)
-        return self._predict(x, budget or self._budget)
+                stages = self.policy.plan(budget, self.strict).stages
+        p = self._execute_one(xn, stages, budget, t0)
+        if self._recorder is not None:
+            self._recorder.add((p,), budget)
+        return p
 
-    def predict_batch(self, xs, budget: Budget | None = None) -> list[Prediction]:
-        want = tuple(self.manifest.input.shape[1:])
-        try:
-            xs = np.asarray(xs) if not isinstance(xs, np.ndarray) else xs
-        except ValueError as e:  # ragged nesting
-            raise InputError(f"xs must be an array of shape [N, {', '.join(map(str, want))}]; "
-                             f"got a ragged sequence ({e})") from e
-        if self._grey and xs.ndim == len(want) and xs.shape[1:] == self._grey:
-            xs = xs[..., None]  # grey [N, H, W]
-        if xs.ndim != len(want) + 1 or xs.shape[0] == 0:
-            raise InputError(f"xs must have shape [N, {', '.join(map(str, want))}] with N >= 1"
-                             + (f" (or [N, {', '.join(map(str, self._grey))}] for grey images)"
-                                if self._grey else "") + f", got {list(xs.shape)}")
-        return [self.predict(x, budget) for x in xs]
+    def predict_batch(self, xs, budget: Budget | None = None, *,
+                      config_id: str | None = None) -> list[Prediction]:
+        """``N`` samples ``[N, *input.shape[1:]]`` under one decision and one per-batch budget:
+        one invoke per configuration for the whole batch where the slice's batch dimension can
+        be resized, else a loop over the same configuration. Every prediction carries the
+        batch's wall time (``latency_ms``) and interpreter time (``invoke_ms``)."""
+        t0 = self._clock()
+        budget = self._budget if budget is None else check_budget(budget)
+        xn = self._inputs.batch(xs)
+        n = len(xn)
+        if config_id is not None:
+            stages = (self._pinned(config_id, budget, n),)
+        else:
+            with self._lock:
+                stages = self.policy.plan(budget, self.strict, n=n).stages
+        preds = self._execute_batch(xn, stages, budget, t0)
+        if self._recorder is not None:
+            self._recorder.add(preds, budget)
+        return preds
+
+    def explain(self, budget: Budget | None = None, n: int = 1) -> Explanation:
+        """The decision table the policy would use for a call now (changes no state): per
+        configuration its predicted end-to-end latency and where that comes from, first-use
+        cost, memory need, whether it fits, quality rank; the choice and the reason."""
+        budget = self._budget if budget is None else check_budget(budget)
+        pol = self.policy
+        with self._lock:
+            plan = pol.preview(budget, n)
+            limit = pol.memory_limit_mb(budget)
+            staged = {s.config.id: i + 1 for i, s in enumerate(plan.stages)}
+            chosen = plan.stages[-1].config
+            rows = []
+            for rank, c in enumerate(pol.ranked, 1):
+                pred = pol.predicted_latency_ms(c, n)
+                rows.append(ExplainRow(
+                    config_id=c.id, quality_rank=rank, predicted_ms=pred,
+                    source=pol.latency_source(c), first_use_ms=pol.first_use_ms.get(c.id),
+                    memory_mb=pol.memory_need_mb(c),
+                    fits_latency=budget.latency_ms is None or pred <= budget.latency_ms,
+                    fits_memory=pol.memory_need_mb(c) <= limit, chosen=c is chosen,
+                    stage=staged.get(c.id) if len(plan.stages) > 1 else None))
+        return Explanation(budget.latency_ms, budget.memory_mb, limit, self.policy_name,
+                           chosen.id, plan.fits, plan.reason, tuple(rows))
+
+    def record(self, path: str | os.PathLike, phase: str = "live",
+               flush_every: int = 1000) -> TraceRecorder:
+        """Record every prediction from now on into ``path`` (the demo's trace format, for
+        ``edge-sdk report BUNDLE --trace path``). Use as a context manager or ``close()`` it."""
+        rec = TraceRecorder(self, path, phase, flush_every)
+        with self._lock:
+            if self._recorder is not None and not self._recorder.closed:
+                raise ConfigError(f"already recording to {self._recorder.path}; close() it "
+                                  f"first")
+            self._recorder = rec
+        return rec
+
+    def _stop_recording(self, rec: TraceRecorder) -> None:
+        with self._lock:
+            if self._recorder is rec:
+                self._recorder = None
 
     # ---- internals -------------------------------------------------------------------------
-    def _prepare(self, x, what: str) -> np.ndarray:
-        want = self._want
-        try:
-            arr = x if type(x) is np.ndarray else np.asarray(x)
-        except (ValueError, TypeError) as e:  # ragged lists and the like
-            raise InputError(f"{what} must be an array of shape {list(want)} (NHWC, one sample);"
-                             f" got something that is not array-like ({e})") from e
-        if arr.shape != want:
-            if arr.shape != self._grey:
-                raise InputError(f"{what} must have shape {list(want)} (NHWC, one sample"
-                                 + (f"; or {list(self._grey)} for a grey image" if self._grey
-                                    else "") + f"), got {list(arr.shape)}")
-            arr = arr[..., None]  # grey [H, W]: the channel axis, as for training data
-        if arr.dtype.kind not in "uif" or arr.dtype == np.bool_:
-            raise InputError(f"{what} must be numeric (uint8 or float), got dtype {arr.dtype}")
-        # min and max propagate NaN and expose +-inf, so one pass each checks finiteness too;
-        # checked before the float32 cast, so a huge float64 is reported as out of range
-        lo, hi = float(arr.min()), float(arr.max())
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise InputError(f"{what} contains NaN or infinite values")
-        if lo < self._lo or hi > self._hi:
-            a, b = self.manifest.input.value_range
-            raise InputError(f"{what} values must lie in the raw range [{a:g}, {b:g}] "
-                             f"(before normalisation), got [{lo:g}, {hi:g}]")
-        return (arr * self._scale + self._shift).astype(np.float32, copy=False)[None]
+    def _config(self, config_id) -> Configuration:
+        if not isinstance(config_id, str):
+            raise ConfigError(f"config_id must be a configuration id (a string: "
+                              f"{', '.join(self._configs)}), got {type(config_id).__name__}")
+        return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
 
-    def _interpreters(self, c: Configuration) -> list:
-        cache: OrderedDict = getattr(self._local, "cache", None)
-        if cache is None:
-            cache = self._local.cache = OrderedDict()
-        if c.id in cache:
-            cache.move_to_end(c.id)
-            return cache[c.id]
+    def _pinned(self, config_id, budget: Budget, n: int) -> Stage:
+        c = self._config(config_id)
+        if self.strict:
+            with self._lock:
+                self.policy.check_pinned(c, budget, n)
+        return Stage(c, None, 0.0)
+
+    def _prepare(self, x, what: str = "x") -> np.ndarray:
+        """One sample checked and normalised, ``[1, H, W, C]`` float32 (benchmarks, tests)."""
+        return self._inputs.one(x, what)
+
+    def _answer(self, c: Configuration, logits: np.ndarray, latency_ms: float,
+                met: bool) -> Prediction:
+        """The prediction ``c``'s ``[S, C]`` logits make (tests of the maths)."""
+        return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met)
+
+    def _build(self, c: Configuration) -> list:
+        """The interpreters of ``c``, created and allocated: ``[(interpreter, input index,
+        output index)]`` per file."""
         interps = []
         for f in c.files:
-            it = self._interp_cls(model_path=str(resolve_file(self.bundle_dir, f.name)),
-                                  num_threads=self.threads)
+            # the bytes verified at load(), never the file again
+            it = self._interp_cls(model_content=self._slices[f.name], num_threads=self.threads,
+                                  model_name=f.name)
             it.allocate_tensors()
             # tensor indices looked up once: get_*_details() costs more than a small invoke
             interps.append((it, it.get_input_details()[0]["index"],
                             it.get_output_details()[0]["index"]))
-        cache[c.id] = interps
-        if self.memory_cap_mb is not None:
-            while len(cache) > 1 and sum(self.policy.memory_need_mb(
-                    self.manifest.configuration(k)) for k in cache) > self.memory_cap_mb:
-                cache.popitem(last=False)  # least recently used
         return interps
 
-    def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """[S, C] logits and the wall time of the invokes."""
-        interps = self._interpreters(c)
-        classes = self._classes
-        t0 = self._clock()
-        if len(interps) == 1:  # point and head: one invoke
-            it, inp, out = interps[0]
-            it.set_tensor(inp, x)
-            it.invoke()
-            logits = it.get_tensor(out).reshape(-1, classes)
-        else:
-            rows = []
-            for it, inp, out in interps:
-                it.set_tensor(inp, x)
+    def _interpreters(self, c: Configuration) -> list:
+        """``c``'s interpreters for this thread at batch 1 (benchmarks)."""
+        return self._resident(c, 1)[0]
+
+    def _resident(self, c: Configuration, n: int = 1) -> tuple[list, float]:
+        """(interpreters of ``c`` for this thread at batch ``n``, ms spent building or
+        resizing them in this call: kept out of the latency estimate). A new interpreter is
+        warmed up by one invoke, so no call's measurement includes its first-use cost."""
+        cache: OrderedDict = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = OrderedDict()
+        entry = cache.get(c.id)
+        spent = 0.0
+        if entry is None:
+            t0 = self._clock()
+            entry = [self._build(c), 1]
+            for it, inp, _ in entry[0]:
+                it.set_tensor(inp, np.zeros(self._inputs.want, np.float32)[None])
                 it.invoke()
-                rows.append(it.get_tensor(out).reshape(-1, classes))
-            logits = np.concatenate(rows, 0)
-        return logits, (self._clock() - t0) * 1000
-
-    def _answer(self, c: Configuration, logits: np.ndarray, latency: float,
-                met: bool) -> Prediction:
-        # The maths of edge_sdk.metrics (predictive entropy H[mean_s p_s], MI = H[mean p] -
-        # mean_s H[p_s] clamped at 0), inlined without input validation: this is the hot path.
-        # One sample (point configurations): plain floats, several times cheaper than numpy on
-        # ten classes; H[p] = log sum e^z - sum p z with z the shifted logits (no log 0).
-        inv_t = 1.0 / c.temperature
-        if logits.shape[0] == 1:
-            row = logits[0].tolist()
-            m = max(row)
-            e = [math.exp((v - m) * inv_t) for v in row]
-            s = sum(e)
-            probs = [v / s for v in e]
-            # sum_k p_k z_k with z = (row - m) / T, using sum_k p_k = 1
-            entropy = max(math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m), 0.0)
-            mi = 0.0
+            spent = (self._clock() - t0) * 1000
+            with self._lock:
+                self.policy.first_use_ms[c.id] = spent
+            cache[c.id] = entry
+            if self.memory_cap_mb is not None:
+                while len(cache) > 1 and sum(self.policy.memory_need_mb(self._configs[k])
+                                             for k in cache) > self.memory_cap_mb:
+                    cache.popitem(last=False)  # least recently used
         else:
-            z = logits.astype(np.float64) * inv_t
-            z -= z.max(-1, keepdims=True)
-            e = np.exp(z)
-            s = e.sum(-1, keepdims=True)
-            p_s = e / s
-            expected = float((np.log(s[:, 0]) - (p_s * z).sum(-1)).mean())
-            p = p_s.mean(0)
-            entropy = float(-(p * np.log(np.where(p > 0, p, 1.0))).sum())
-            mi = max(entropy - expected, 0.0)
-            probs = p.tolist()
-        label = max(range(len(probs)), key=probs.__getitem__)
-        conf = probs[label]
-        threshold = c.thresholds[self._target_key]
-        return Prediction(
-            label=label, class_name=self.manifest.labels[label], probs=tuple(probs),
-            confidence=conf, entropy=entropy, mutual_info=mi,
-            abstain=threshold is None or conf < threshold, width=c.width, scope=c.scope,
-            samples=c.samples, config_id=c.id, latency_ms=latency, budget_met=met)
+            cache.move_to_end(c.id)
+        if entry[1] != n:
+            t0 = self._clock()
+            for it, inp, _ in entry[0]:
+                it.resize_tensor_input(inp, [n, *self._inputs.want])
+                it.allocate_tensors()
+            entry[1] = n
+            spent += (self._clock() - t0) * 1000
+        return entry[0], spent
 
-    def _predict(self, x: np.ndarray, budget: Budget) -> Prediction:
-        with self._lock:
-            c, met = self.policy.choose(budget, self.strict)
-        if self.policy_name == "cascade":
-            return self._cascade(x, budget, c, met)
-        logits, ms = self._run(c, x)
-        with self._lock:
-            self.policy.observe(c.id, ms)
-        within = budget.latency_ms is None or ms <= budget.latency_ms
-        return self._answer(c, logits, ms, met and within)
-
-    def _cascade(self, x: np.ndarray, budget: Budget, best: Configuration,
-                 met: bool) -> Prediction:
-        """Two-stage cascade, when the bundle has plans for ``best`` (the rule's choice): the
-        first stage is the narrower configuration whose plan minimises the expected latency
-        ``L(first) + (1 - coverage) L(best)``; it answers when its confidence reaches the plan's
-        threshold (fitted at export so that, on validation, accuracy drops by at most
-        ``max_loss`` against always running ``best``), else ``best`` runs too, budget
-        permitting. Bundles without plans climb the widths with the target-accuracy thresholds.
-        """
-        if not any(best.id in c.cascade for c in self.policy.configs):
-            return self._climb(x, budget, best, met)
-        with self._lock:
-            lat_best = self.policy.predicted_latency_ms(best)
-            plans = [(self.policy.predicted_latency_ms(c)
-                      + (1 - c.cascade[best.id]["coverage"]) * lat_best, c)
-                     for c in self.policy.configs
-                     if best.id in c.cascade and c.cascade[best.id]["threshold"] is not None
-                     and self.policy.fits(c, budget)]
-        expected, first = min(plans, key=lambda t: t[0], default=(math.inf, None))
-        stages = [first, best] if first is not None and expected < lat_best else [best]
-        spent = 0.0
-        for c in stages:
-            logits, ms = self._run(c, x)
-            spent += ms
-            with self._lock:
-                self.policy.observe(c.id, ms)
-            answer = self._answer(c, logits, spent, met)
-            if c is best or answer.confidence >= c.cascade[best.id]["threshold"]:
-                break
-            if budget.latency_ms is not None and spent + lat_best > budget.latency_ms:
-                break  # no room for the second stage: the first stage's answer stands
-        return self._settle(answer, budget)
-
-    def _climb(self, x: np.ndarray, budget: Budget, best: Configuration,
-               met: bool) -> Prediction:
-        """Cheapest fitting configuration first; escalate to wider ones (same scope) while the
-        answer's confidence is below its exported target-accuracy threshold and the budget has
-        room left."""
-        with self._lock:
-            fitting = sorted((c for c in self.policy.configs if c.scope == best.scope
-                              and c.width <= best.width and self.policy.fits(c, budget)),
-                             key=lambda c: c.width) or [best]
-        spent = 0.0
-        for i, c in enumerate(fitting):
-            logits, ms = self._run(c, x)
-            spent += ms
-            with self._lock:
-                self.policy.observe(c.id, ms)
-            answer = self._answer(c, logits, spent, met)
-            if not answer.abstain or i + 1 == len(fitting):
-                break
-            nxt = fitting[i + 1]
-            if budget.latency_ms is not None and \
-                    spent + self.policy.predicted_latency_ms(nxt) > budget.latency_ms:
-                break
-        return self._settle(answer, budget)
-
-    @staticmethod
-    def _settle(answer: Prediction, budget: Budget) -> Prediction:
-        """The cascade's final answer, flagged when the total time overran the budget."""
-        if budget.latency_ms is None or answer.latency_ms <= budget.latency_ms:
-            return answer
-        return replace(answer, budget_met=False)
+    def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """[S, C] logits of one normalised sample and the wall time of the invokes (tests)."""
+        interps, _ = self._resident(c, 1)
+        return self._invoke(interps, x)
 
 
 def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
@@ -360,5 +359,11 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
     the interpreter thread count (None: the runtime's default). ``backend`` picks the TFLite
     interpreter: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
     installed, LiteRT first); a bundle the backend would answer wrongly raises BackendError.
+    Keyword arguments: ``policy`` ("best" or "cascade"), ``target_accuracy``, ``strict`` (raise
+    :class:`BudgetNotMetError` instead of answering outside the budget), ``memory_cap_mb``
+    (resident interpreters per thread; also a memory limit of every decision), and the
+    policy's tunables ``hysteresis`` (headroom a better configuration needs to replace the
+    incumbent, default 0.1), ``half_life_s`` / ``half_life_calls`` (how fast a measurement
+    ages toward the prior, default 10 s / 200 decisions).
     """
     return EdgeModel(bundle_dir, profile=profile, threads=threads, **kwargs)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from runtime_support import invoke_clock
 from test_policy import FakeClock
 
 import edge_sdk
@@ -102,26 +103,16 @@ def test_disagreeing_samples_have_mutual_information_log_two(model):
 # --------------------------------------------------------------------------- pinned predict
 
 
-class StepClock:
-    """A fake perf_counter: each _run (two readings) measures exactly ``step_ms``."""
-
-    def __init__(self, step_ms: float):
-        self.t, self.step_ms = 0.0, step_ms
-
-    def __call__(self) -> float:
-        self.t += self.step_ms / 1000
-        return self.t
-
-
 def test_pinned_predict_feeds_the_policys_latency_estimate(bundle):
-    timer = StepClock(7.0)
-    m = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB, clock=timer)
+    m = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
     m.policy = Policy(m.manifest.configurations, MemoryProbe(lambda: PLENTY_MB),
                       clock=FakeClock())  # the policy's own clock frozen: no ageing
     configs = m.manifest.configurations
     priors = {c.id: m.policy.predicted_latency_ms(c) for c in configs}
-    assert all(priors[c.id] == m.policy.prior_latency_ms(c) for c in configs)
-    target = max(configs, key=lambda c: c.invokes)  # several invokes, one timed _run
+    assert all(priors[c.id] == m.policy.prior_latency_ms(c) + m.policy.overhead_ms(c)
+               for c in configs)  # end to end: the invoke prior plus the SDK's own time
+    target = max(configs, key=lambda c: c.invokes)  # several invokes, one call
+    timer = invoke_clock(m, 7.0 / target.invokes)._clock  # the call takes 7 ms in all
     x = np.zeros(tuple(m.manifest.input.shape[1:]), np.float32)
 
     p = m.predict(x, config_id=target.id)
@@ -131,20 +122,20 @@ def test_pinned_predict_feeds_the_policys_latency_estimate(bundle):
         if c.id != target.id:
             assert m.policy.predicted_latency_ms(c) == priors[c.id]
 
-    timer.step_ms = 12.0
+    timer.step = 12.0 / 1000 / target.invokes
     m.predict(x, config_id=target.id)
     assert m.policy.predicted_latency_ms(target) == pytest.approx(0.8 * 7.0 + 0.2 * 12.0)
 
 
 def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
-    timer = StepClock(1.0)
-    m = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB, clock=timer)
+    m = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
+    timer = invoke_clock(m, 1.0)._clock
     m.policy = Policy(m.manifest.configurations, MemoryProbe(lambda: PLENTY_MB),
                       clock=FakeClock())
     x = np.zeros(tuple(m.manifest.input.shape[1:]), np.float32)
     budget = Budget(latency_ms=1e3)  # every prior fits
     first = m.policy.choose(budget)[0].id
-    timer.step_ms = 1e5  # its first measurement, pinned, is far over the budget
+    timer.step = 1e5 / 1000  # its first measurement, pinned, is far over the budget
     m.predict(x, config_id=first)
-    timer.step_ms = 1.0
+    timer.step = 1.0 / 1000
     assert m.predict(x, budget).config_id != first

@@ -83,10 +83,17 @@ def reference(configs, budget: Budget, available_mb: float) -> tuple[set[str], b
         tied = [c for c in tied if c.width == widest]
         fewest = min(c.invokes for c in tied)
         return {c.id for c in tied if c.invokes == fewest}, True
-    fastest = min(c.latency_ms for c in configs)
-    tied = [c for c in configs if c.latency_ms == fastest]
-    smallest = min(c.memory_mb for c in tied)
-    return {c.id for c in tied if c.memory_mb == smallest}, False
+    limit = min(available_mb, budget.memory_mb or math.inf)
+    in_memory = [c for c in configs if c.memory_mb <= limit]
+    if in_memory:  # only latency is out of reach: the fastest that fits memory
+        fastest = min(c.latency_ms for c in in_memory)
+        tied = [c for c in in_memory if c.latency_ms == fastest]
+        smallest = min(c.memory_mb for c in tied)
+        return {c.id for c in tied if c.memory_mb == smallest}, False
+    smallest = min(c.memory_mb for c in configs)  # nothing fits memory: the smallest
+    tied = [c for c in configs if c.memory_mb == smallest]
+    fastest = min(c.latency_ms for c in tied)
+    return {c.id for c in tied if c.latency_ms == fastest}, False
 
 
 SHAPES = [("point", 1), ("head", 2), ("head", 4), ("all", 2), ("all", 3)]
@@ -233,11 +240,12 @@ def test_infeasible_budget_gives_the_cheapest_flagged_or_raises_in_strict_mode()
     with pytest.raises(BudgetError, match=r"latency 1\.5 ms") as info:
         policy(cs).choose(budget, strict=True)
     assert "200" in str(info.value) and "memory" in str(info.value)
-    # a memory budget nothing meets
+    # a memory budget nothing meets: the smallest, and the error names the shortfall
     choice, met = policy(cs).choose(Budget(memory_mb=0.5))
-    assert (choice.id, met) == ("cheap-small", False)
-    with pytest.raises(BudgetError, match=r"memory 0\.5 MB"):
+    assert (choice.id, met) == ("mid", False)
+    with pytest.raises(BudgetError, match=r"memory budget 0\.5 MB") as info:
         policy(cs).choose(Budget(memory_mb=0.5), strict=True)
+    assert "needs 1 MB: 0.5 MB short" in str(info.value) and " ms" not in str(info.value)
 
 
 def test_infeasible_then_feasible_again():

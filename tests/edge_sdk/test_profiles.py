@@ -506,7 +506,10 @@ def test_a_named_profile_seeds_the_priors_with_its_estimate(bundle, threads):
     for c in m.manifest.configurations:
         assert m.policy.prior_latency_ms(c) == prof.estimate_ms(c.macs, c.invokes, threads,
                                                                 c.weights)
-        assert m.policy.predicted_latency_ms(c) == m.policy.prior_latency_ms(c)
+        # end to end: the profile's invoke estimate plus the SDK's own time, measured at load
+        assert m.policy.predicted_latency_ms(c) == \
+            m.policy.prior_latency_ms(c) + m.policy.overhead_ms(c)
+        assert 0 < m.policy.overhead_ms(c) < 5
 
 
 def test_a_profile_path_works_like_a_name(bundle, tmp_path):

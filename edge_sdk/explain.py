@@ -1,0 +1,59 @@
+"""``EdgeModel.explain()``: the decision table the policy used, as data and as text."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ExplainRow:
+    config_id: str
+    quality_rank: int  # 1 = the rule's first preference (lowest validation NLL, then width)
+    predicted_ms: float  # end-to-end, what the policy compares with the latency budget
+    source: str  # measured EWMA, device profile, manifest (+ the SDK's measured overhead)
+    first_use_ms: float | None  # creation + first invoke in this process (None: not yet built)
+    memory_mb: float
+    fits_latency: bool
+    fits_memory: bool
+    chosen: bool
+    stage: int | None  # position in the plan (cascade: 1 = first stage), None if not run
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_latency and self.fits_memory
+
+
+@dataclass(frozen=True)
+class Explanation:
+    budget_latency_ms: float | None
+    budget_memory_mb: float | None
+    memory_limit_mb: float  # the tightest of budget, available memory and memory_cap_mb
+    policy: str
+    chosen: str
+    fits: bool
+    reason: str
+    rows: tuple[ExplainRow, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for r, row in zip(d["rows"], self.rows):
+            r["fits"] = row.fits
+        return d
+
+    def __str__(self) -> str:
+        lat = "none" if self.budget_latency_ms is None else f"{self.budget_latency_ms:g} ms"
+        mem = "none" if self.budget_memory_mb is None else f"{self.budget_memory_mb:g} MB"
+        head = (f"budget: latency {lat}, memory {mem} (limit now {self.memory_limit_mb:.4g} MB); "
+                f"policy {self.policy}")
+        w = max(len(r.config_id) for r in self.rows) + 2
+        lines = [head, f"{'configuration':<{w}}{'rank':>5}{'pred ms':>10}{'first use ms':>13}"
+                       f"{'MB':>8}{'fits':>6}  source"]
+        for r in self.rows:
+            fits = "yes" if r.fits else ("lat" if r.fits_memory else "mem")
+            mark = "  <- " + ("chosen" if r.chosen else f"stage {r.stage}") \
+                if r.chosen or r.stage else ""
+            first = "-" if r.first_use_ms is None else f"{r.first_use_ms:.3f}"
+            lines.append(f"{r.config_id:<{w}}{r.quality_rank:>5}{r.predicted_ms:>10.4f}"
+                         f"{first:>13}{r.memory_mb:>8.2f}{fits:>6}  {r.source}{mark}")
+        lines.append(f"chosen: {self.chosen} ({'fits' if self.fits else 'does NOT fit'}): "
+                     f"{self.reason}")
+        return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""What the runtime accepts as input, checked against the manifest's input spec before anything
+runs: shape (NHWC; a grey model also takes the image without its channel axis), dtype (the
+declared one: a uint8 model refuses floats, which are usually an image pre-scaled to [0, 1]),
+finite values inside the declared raw range, no masked arrays (the mask would be ignored).
+Every refusal is an :class:`InputError` naming what was wrong and what was expected."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edge_sdk.errors import InputError
+
+
+class InputChecker:
+    """Validates and normalises samples for one bundle's input spec."""
+
+    def __init__(self, spec):
+        std = np.asarray(spec.std, np.float32)
+        self._scale = (1.0 / std).astype(np.float32)  # (raw - mean) / std as one multiply-add
+        self._shift = (-np.asarray(spec.mean, np.float32) / std).astype(np.float32)
+        self.want = tuple(spec.shape[1:])
+        self.grey = self.want[:2] if self.want[2] == 1 else None  # [H, W] is accepted too
+        self.dtype = spec.dtype
+        self.range = lo, hi = spec.value_range
+        self._lo = lo - 1e-6 * max(1.0, abs(lo))
+        self._hi = hi + 1e-6 * max(1.0, abs(hi))
+
+    def _shape(self, n: str = "") -> str:
+        lead = f"{n}, " if n else ""
+        return f"[{lead}{', '.join(map(str, self.want))}]"
+
+    def _grey_shape(self, n: str = "") -> str:
+        if not self.grey:
+            return ""
+        lead = f"{n}, " if n else ""
+        return f"[{lead}{', '.join(map(str, self.grey))}] for " + ("grey images" if n else
+                                                                   "a grey image")
+
+    @staticmethod
+    def _array(x, what: str, shape: str) -> np.ndarray:
+        if isinstance(x, np.ma.MaskedArray):
+            raise InputError(f"{what} is a masked array: the runtime cannot honour a mask; fill "
+                             f"the masked values (x.filled(...)) and pass a plain array {shape}")
+        if type(x) is np.ndarray:
+            return x
+        try:
+            return np.asarray(x)
+        except (ValueError, TypeError) as e:  # ragged lists and the like
+            raise InputError(f"{what} must be an array of shape {shape}; got something that is "
+                             f"not array-like ({e})") from e
+
+    def _values(self, arr: np.ndarray, what: str) -> np.ndarray:
+        if arr.dtype.kind not in "uif" or arr.dtype == np.bool_:
+            kind = "integer, e.g. uint8" if self.dtype == "uint8" else "uint8 or float"
+            raise InputError(f"{what} must be numeric ({kind}), got dtype {arr.dtype}")
+        if self.dtype == "uint8" and arr.dtype.kind == "f":
+            a, b = self.range
+            raise InputError(
+                f"{what} has dtype {arr.dtype}, but this bundle declares uint8 input (raw values "
+                f"{a:g}..{b:g}); pass the integer pixel values, not an image scaled to [0, 1]")
+        # min and max propagate NaN and expose +-inf, so one pass each checks finiteness too;
+        # checked before the float32 cast, so a huge float64 is reported as out of range
+        lo, hi = float(arr.min()), float(arr.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise InputError(f"{what} contains NaN or infinite values")
+        if lo < self._lo or hi > self._hi:
+            a, b = self.range
+            raise InputError(f"{what} values must lie in the raw range [{a:g}, {b:g}] "
+                             f"(before normalisation), got [{lo:g}, {hi:g}]")
+        return (arr * self._scale + self._shift).astype(np.float32, copy=False)
+
+    def one(self, x, what: str = "x") -> np.ndarray:
+        """One sample -> normalised float32 ``[1, H, W, C]``."""
+        arr = self._array(x, what, self._shape())
+        if arr.shape != self.want:
+            if self.grey is not None and arr.shape == self.grey:
+                arr = arr[..., None]  # grey [H, W]: the channel axis, as for training data
+            elif self.is_batch(arr.shape) and arr.shape[0] > 0:
+                raise InputError(f"{what} has shape {list(arr.shape)}, a batch of "
+                                 f"{arr.shape[0]}: predict() takes one sample of shape "
+                                 f"{self._shape()}; use predict_batch() for a batch")
+            else:
+                grey = f"; or {self._grey_shape()}" if self.grey else ""
+                raise InputError(f"{what} must have shape {self._shape()} (NHWC, one sample"
+                                 f"{grey}), got {list(arr.shape)}")
+        return self._values(arr, what)[None]
+
+    def is_batch(self, shape: tuple) -> bool:
+        return (len(shape) == len(self.want) + 1 and tuple(shape[1:]) == self.want) or (
+            self.grey is not None and len(shape) == 3 and tuple(shape[1:]) == self.grey
+            and tuple(shape) != self.want)
+
+    def batch(self, xs, what: str = "xs") -> np.ndarray:
+        """``N`` samples -> normalised float32 ``[N, H, W, C]``."""
+        arr = self._array(xs, what, self._shape("N"))
+        if self.grey is not None and arr.ndim == 3 and arr.shape[1:] == self.grey:
+            arr = arr[..., None]  # grey [N, H, W]
+        if arr.ndim != len(self.want) + 1 or arr.shape[1:] != self.want or arr.shape[0] == 0:
+            grey = f" (or {self._grey_shape('N')})" if self.grey else ""
+            raise InputError(f"{what} must have shape {self._shape('N')} with N >= 1{grey}, "
+                             f"got {list(arr.shape)}")
+        return self._values(arr, what)

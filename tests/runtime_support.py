@@ -1,0 +1,28 @@
+"""Helpers shared by the device-side tests (torch-free; importable because pytest puts tests/
+on sys.path)."""
+from __future__ import annotations
+
+
+class InvokeClock:
+    """A fake perf_counter that moves only when an interpreter invokes: each invoke takes
+    exactly ``step_ms``, and everything else the SDK does takes no time."""
+
+    def __init__(self, step_ms: float):
+        self.t, self.step = 0.0, step_ms / 1000
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def invoke_clock(m: runtime.EdgeModel, step_ms: float) -> runtime.EdgeModel:
+    """``m`` on an :class:`InvokeClock`: every configuration built (and warmed up) first, so
+    each call's latency is exactly its invokes, ``step_ms`` apiece."""
+    clock = InvokeClock(step_ms)
+    for c in m.manifest.configurations:
+        for it, _, _ in m._interpreters(c):
+            def invoke(real=it.invoke):
+                real()
+                clock.t += clock.step
+            it.invoke = invoke
+    m._clock = clock
+    return m
