@@ -58,7 +58,7 @@ def main() -> None:
     def shapes_only():
         for c in m.configurations:
             for e in c.files:
-                check_slice(blobs[e.name], e.name, c, m.input, getattr(m, "batch_dim", None))
+                check_slice(blobs[e.name], e.name, c, m.input, m.batch_dim)
 
     rows = [("read files (no check)", _median_ms(read_only, args.repeats)),
             ("size + sha256 on the bytes", _median_ms(sha_only, args.repeats)),

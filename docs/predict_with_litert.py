@@ -32,8 +32,9 @@ except ImportError:  # pragma: no cover - the tflite-runtime device venv
 
 def read_manifest(bundle: Path) -> dict:
     manifest = yaml.safe_load((bundle / "manifest.yaml").read_text())  # plain data, no tags
-    if manifest["schema_version"] != 1:
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1")
+    # version 2 adds batch_dim (batch resizing), which one sample at a time does not need
+    if manifest["schema_version"] not in (1, 2):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1, 2")
     return manifest
 
 

@@ -248,6 +248,8 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
                    # exact (PWFN), and the largest relative move the int8 grid made
                    "weights": weight_notes,
                    **opts.extra_source},
+        # the slices' flatten and head reshapes infer the batch (-1): one invoke may run N
+        "batch_dim": 0,
         "configurations": configs})
     path = B.write_bundle(out, manifest, files, force=opts.force)
     log(summary(manifest))

@@ -396,14 +396,25 @@ class GraphBuilder:
         return self._op(_OP.MEAN, [x, at], out, name, schema.BuiltinOptions.ReducerOptions, opts)
 
     def reshape(self, x: int, shape: Sequence[int], *, name: str) -> int:
+        """One dimension of ``shape`` may be -1: the interpreter infers it on every resize (the
+        exporter's ``[-1, features]`` flatten keeps the batch dimension resizable; a literal 1
+        makes the graph batch-1 only). The recorded shape is the one at the current size."""
         old = self._float_input(x, f"{name}: RESHAPE input")
         shape = tuple(int(d) for d in shape)
-        if int(np.prod(shape)) != int(np.prod(old)):
+        if shape.count(-1) > 1 or any(d == 0 or d < -1 for d in shape):
+            raise ConfigError(f"{name}: reshape to {shape}: dimensions must be > 0, one may be -1")
+        static = shape
+        if -1 in shape:
+            known = int(np.prod([d for d in shape if d != -1]))
+            if int(np.prod(old)) % known:
+                raise ConfigError(f"{name}: cannot reshape {old} to {shape}")
+            static = tuple(int(np.prod(old)) // known if d == -1 else d for d in shape)
+        if int(np.prod(static)) != int(np.prod(old)):
             raise ConfigError(f"{name}: cannot reshape {old} to {shape}")
         st = self.add_const(np.asarray(shape, np.int32), f"{name}/shape")
         opts = schema.ReshapeOptionsT()
         opts.newShape = list(shape)
-        return self._op(_OP.RESHAPE, [x, st], shape, name, schema.BuiltinOptions.ReshapeOptions,
+        return self._op(_OP.RESHAPE, [x, st], static, name, schema.BuiltinOptions.ReshapeOptions,
                         opts)
 
     def softmax(self, x: int, beta: float = 1.0, *, name: str) -> int:
@@ -435,10 +446,15 @@ class GraphBuilder:
         return 1
 
     def finish(self, signature_key: str = SIGNATURE_KEY,
-               description: str = "edge-sdk exporter") -> bytes:
-        """Pack the model; the graph inputs/outputs also form the signature ``signature_key``."""
+               description: str = "edge-sdk exporter", resizable_batch: bool = False) -> bytes:
+        """Pack the model; the graph inputs/outputs also form the signature ``signature_key``.
+        ``resizable_batch``: mark dimension 0 of every graph input and output -1 in its shape
+        signature (the graph must not hard-code the batch: reshape with -1)."""
         if not self._inputs or not self._outputs:
             raise ConfigError("a graph needs at least one input and one output")
+        for _, t in self._inputs + self._outputs:
+            shape = self._shapes[t]
+            self._tensors[t].shapeSignature = [-1, *shape[1:]] if resizable_batch else None
         codes: dict[tuple[int, int], int] = {}
         operators = []
         for op in self._ops:
@@ -660,8 +676,9 @@ class _Emitter:
         return self.g.max_pool2d(x, size, stride, "VALID", name=self.names[id(pool)])
 
     def flatten(self, x: int) -> tuple[int, tuple[int, int]]:
-        n, h, w, c = self.g.shape(x)
-        return self.g.reshape(x, (n, h * w * c), name="flatten"), (h, w)
+        _, h, w, c = self.g.shape(x)
+        # -1, not the batch: the interpreter can then be resized to [N, H, W, C] (batch predict)
+        return self.g.reshape(x, (-1, h * w * c), name="flatten"), (h, w)
 
 
 def _pair_value(v) -> int | None:
@@ -717,7 +734,9 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     """The point network of a truncated model as a ``.tflite`` flatbuffer, and facts about it.
 
     Input ``"input"``: float32 NHWC, already normalised (normalising is the runtime's job).
-    Output ``"logits"``: ``[N, num_classes]``. Signature ``serving_default``. ``weights``:
+    Output ``"logits"``: ``[N, num_classes]``. Signature ``serving_default``. The batch
+    dimension is resizable (``resize_tensor_input(0, [N, H, W, C])``; -1 in the input's and
+    output's shape signature): a head graph then answers ``[N * S, C]``. ``weights``:
     ``"dequantize"`` (int8 per-channel + DEQUANTIZE), ``"hybrid"`` (int8 filters straight into
     CONV_2D / FULLY_CONNECTED, activations quantized per invoke; depthwise filters stay on the
     DEQUANTIZE route) or ``"float"``; ``pow2_step``: see
@@ -754,9 +773,14 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     x = g.add_input(INPUT_NAME, shape)
     y = emit(e, x, model)
     if output_shape is not None:
-        y = g.reshape(y, tuple(output_shape), name="heads")
+        # [N, S*C] -> [N*S, C]: rows n*S .. n*S+S-1 are sample n's (batch-resizable, as flatten)
+        rows = tuple(output_shape)
+        y = g.reshape(y, (-1, *rows[1:]), name="heads")
+        if g.shape(y) != rows:
+            raise ConfigError(f"output_shape {list(rows)} does not fit the graph's output "
+                              f"{list(g.shape(y))} at batch {shape[0]}")
     g.mark_output(y, OUTPUT_NAME)
-    buf = g.finish()
+    buf = g.finish(resizable_batch=True)
     info = graph_stats(buf)
     info.update(bytes=len(buf), weights=weights, pow2_step=pow2_step, tensors=e.records,
                 float_fallback=[r["layer"] for r in e.records

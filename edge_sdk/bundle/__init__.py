@@ -5,11 +5,13 @@ The exporter writes bundles through :func:`write_bundle`; the runtime reads them
 Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
 device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec), :mod:`.manifest`
 (Configuration, Manifest), :mod:`.reading` (parse, resolve, verify), :mod:`.slices` (the verified
-bytes interpreters are built from) and :mod:`.writing` (atomic write). Import every name from here: ``from edge_sdk.bundle import Manifest``.
+bytes interpreters are built from) and :mod:`.writing` (atomic write). Import every name from
+here: ``from edge_sdk.bundle import Manifest``.
 
-Schema version 1 (``manifest.yaml``)::
+Schema version 2 (``manifest.yaml``; version 1 is the same without ``batch_dim``, and still
+reads, as batch-1 slices)::
 
-    schema_version: 1
+    schema_version: 2
     input:            # what predict accepts, before normalisation; model input = (raw - mean) / std
       shape: [1, H, W, C]
       layout: NHWC
@@ -19,6 +21,9 @@ Schema version 1 (``manifest.yaml``)::
       std: [C floats, > 0]
     labels: [class names]             # one per output class; non-empty, unique
     source: {...}                     # free-form provenance (plain YAML values)
+    batch_dim: 0                      # the slices' batch dimension: resize_tensor_input(0,
+                                      # [N, H, W, C]) runs N samples in one invoke, output
+                                      # [N * rows, C]; null (or version 1): batch 1 only
     configurations:                   # non-empty; ids unique
     - id: w0.50-head8
       width: 0.5                      # 0 < width <= 1
@@ -69,6 +74,7 @@ from edge_sdk.bundle.records import (
     LAYOUTS,
     MANIFEST_NAME,
     OUTPUT_KINDS,
+    READABLE_VERSIONS,
     SCHEMA_VERSION,
     SCOPES,
     WEIGHT_ROUTES,
@@ -86,6 +92,7 @@ __all__ = [
     "LAYOUTS",
     "MANIFEST_NAME",
     "OUTPUT_KINDS",
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "SCOPES",
     "WEIGHT_ROUTES",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_sdk.bundle.records import (
+    READABLE_VERSIONS,
     SCHEMA_VERSION,
     SCOPES,
     WEIGHT_ROUTES,
@@ -178,28 +179,48 @@ class Configuration(_Record):
 
 def _check_version(value: object, path: str) -> int:
     version = int_value(value, path)
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         fail(
             path,
-            f"unsupported schema version {version}; this edge_sdk reads schema version "
-            f"{SCHEMA_VERSION} (re-export the bundle, or use a matching edge_sdk)",
+            f"unsupported schema version {version}; this edge_sdk reads schema versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))} (re-export the bundle, or use a matching "
+            "edge_sdk)",
         )
     return version
 
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest(_Record):
-    """The whole ``manifest.yaml``."""
+    """The whole ``manifest.yaml``.
+
+    ``batch_dim`` (schema version 2): the dimension of every slice's input that is the batch
+    (0), or None when the slices are batch-1 only (every version-1 bundle). When set, an
+    interpreter resized to ``N`` along it (``resize_tensor_input``) answers ``[N * rows, C]``,
+    rows ``n * rows`` to ``(n + 1) * rows - 1`` for sample ``n`` (``rows`` = output.shape[0]).
+    """
 
     schema_version: int = SCHEMA_VERSION
     input: InputSpec
     labels: tuple[str, ...]
     source: dict[str, Any] = field(default_factory=dict)
+    batch_dim: int | None = None
     configurations: tuple[Configuration, ...]
 
     @property
     def num_classes(self) -> int:
         return len(self.labels)
+
+    @property
+    def batch_resizable(self) -> bool:
+        """Whether one invoke may run a batch: resize the input along :attr:`batch_dim`."""
+        return self.batch_dim is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in schema key order; no ``batch_dim`` in a version-1 manifest."""
+        out = super().to_dict()
+        if self.schema_version < 2:
+            del out["batch_dim"]
+        return out
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -252,6 +273,17 @@ class Manifest(_Record):
 
         p = join(path, "source")
         out["source"] = plain(mapping(v["source"], p), p, NodeBudget())
+
+        p = join(path, "batch_dim")
+        batch_dim = v["batch_dim"]
+        if batch_dim is not None:
+            if out["schema_version"] < 2:
+                fail(p, f"needs schema version 2 (a version-{out['schema_version']} bundle's "
+                        "slices are batch 1); set schema_version: 2 or remove batch_dim")
+            batch_dim = int_value(batch_dim, p)
+            if batch_dim != 0:
+                fail(p, f"expected 0 (the N of the input's [N, H, W, C]) or null, got {batch_dim}")
+        out["batch_dim"] = batch_dim
 
         p = join(path, "configurations")
         configs = tuple(

@@ -14,7 +14,7 @@ from typing import Union
 import yaml
 
 from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.records import MANIFEST_NAME, SCHEMA_VERSION, _file_name
+from edge_sdk.bundle.records import MANIFEST_NAME, _file_name
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import got
 
@@ -35,7 +35,7 @@ def manifest_to_yaml(manifest: Manifest) -> str:
     # ASCII output (allow_unicode=False): PyYAML's unicode mode writes U+0085 in a way it cannot
     # read back (found by the round-trip property test); escapes round-trip everything.
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-    text = f"# edge-sdk bundle manifest (schema version {SCHEMA_VERSION})\n{body}"
+    text = f"# edge-sdk bundle manifest (schema version {manifest.schema_version})\n{body}"
     if _parse_manifest_text(text.encode("utf-8"), MANIFEST_NAME) != manifest:
         raise BundleError("manifest does not survive a YAML round trip; refusing to write it")
     return text

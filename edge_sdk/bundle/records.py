@@ -28,7 +28,9 @@ from edge_sdk.validation import (
     str_value,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # what the exporter writes
+# what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.yaml"
 FILE_SUFFIX = ".tflite"
 

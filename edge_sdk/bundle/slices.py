@@ -49,8 +49,8 @@ def check_slice(data: bytes, name: str, config: Configuration, spec: InputSpec,
                 batch_dim: int | None = None, where: str = "") -> None:
     """BundleError naming ``name`` unless ``data`` parses as a TFLite model with one float32
     input of the manifest's input shape and one float32 output of ``config.output.shape``
-    (``[S, C]`` for head scope, ``[1, C]`` otherwise). With ``batch_dim`` (schema version 2),
-    that dimension of the input may be marked resizable (``-1`` in the shape signature)."""
+    (``[S, C]`` for head scope, ``[1, C]`` otherwise). Only the batch dimension (``batch_dim``;
+    0 in a version-1 bundle, whose slices still run at batch 1) may be -1 in a shape signature."""
     what = f"{where}: {name}" if where else name
     inputs, outputs = read_io(data, what)
     expect_in = f"{MODEL_DTYPE} {list(spec.shape)}"
@@ -77,11 +77,10 @@ def check_slice(data: bytes, name: str, config: Configuration, spec: InputSpec,
         free = {i for i, d in enumerate(sig) if d == -1}
         fixed_ok = len(sig) == len(t.shape) and all(
             d == s for i, (d, s) in enumerate(zip(sig, t.shape)) if i not in free)
-        if not fixed_ok or free - ({batch_dim} if batch_dim is not None else set()):
-            allowed = (f"only dimension {batch_dim} (the batch) may be -1" if batch_dim is not None
-                       else "no dimension may be -1 in a batch-1 bundle (schema version 1)")
+        batch = 0 if batch_dim is None else batch_dim
+        if not fixed_ok or free - {batch}:
             raise BundleError(f"{what}: {kind} shape signature {list(sig)} does not fit shape "
-                              f"{list(t.shape)}: {allowed}")
+                              f"{list(t.shape)}: only dimension {batch} (the batch) may be -1")
 
 
 def _read_once(path: Path, entry: FileEntry, root: Path) -> bytes:
@@ -108,9 +107,8 @@ def read_slices(bundle_dir: PathLike, manifest: Manifest) -> dict[str, bytes]:
         data = _read_once(resolve_file(root, entry.name), entry, root)
         verify_bytes(data, entry, str(root))
         blobs[entry.name] = data
-    batch_dim = getattr(manifest, "batch_dim", None)
     for config in manifest.configurations:
         for entry in config.files:
-            check_slice(blobs[entry.name], entry.name, config, manifest.input, batch_dim,
-                        str(root))
+            check_slice(blobs[entry.name], entry.name, config, manifest.input,
+                        manifest.batch_dim, str(root))
     return blobs

@@ -472,3 +472,49 @@ def test_hybrid_route_runs_every_model_close_to_the_float_network(case):
     assert "hybrid" in routes and routes <= {"hybrid", "dequantize"}
     # activations are quantized per invoke: close to, not equal to, the float network
     assert 0 < rel_err(run_tflite(buf, x), run_torch(small, x)) < 0.1
+
+
+# ---- batch -----------------------------------------------------------------------------------
+
+
+def run_resized(buf, x):
+    """One invoke on ``x`` ([N, H, W, C]) after resizing the input to its batch."""
+    it = Interpreter(model_content=buf, num_threads=1)
+    idx = it.get_input_details()[0]["index"]
+    it.resize_tensor_input(idx, list(x.shape))
+    it.allocate_tensors()
+    it.set_tensor(idx, x)
+    it.invoke()
+    return it.get_tensor(it.get_output_details()[0]["index"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_exported_slice_runs_a_batch_in_one_invoke(case):
+    """Written at batch 1 (as the exporter does), resized to N: the N rows equal N single
+    invokes; the head reshape's rows stay grouped by sample ([N * S, C])."""
+    small = model_for(case).truncate(0.5).eval()
+    xs = inputs(case, batch=5, seed=3)
+    shape = (1, *CASES[case][1])
+    for output_shape in (None, [2, 5]):  # [2, 5]: the 10 logits read as 2 "samples" of 5
+        buf, info = export_point_slice(small, shape, weights="dequantize",
+                                       output_shape=output_shape)
+        rows = 1 if output_shape is None else 2
+        assert info["output"]["shape"] == [rows, 10 // rows]
+        singles = np.concatenate([run_resized(buf, x[None]) for x in xs])
+        batched = run_resized(buf, xs)
+        assert batched.shape == (5 * rows, 10 // rows)
+        assert np.abs(batched - singles).max() <= 1e-5 * max(1.0, np.abs(singles).max())
+        m = schema.ModelT.InitFromPackedBuf(buf, 0)
+        sg = m.subgraphs[0]
+        assert list(sg.tensors[sg.inputs[0]].shapeSignature) == [-1, *CASES[case][1]]
+        assert list(sg.tensors[sg.outputs[0]].shapeSignature) == [-1, 10 // rows]
+
+
+def test_reshape_infers_one_dimension_and_refuses_the_rest():
+    g = GraphBuilder()
+    x = g.add_input("input", (1, 4, 4, 2))
+    assert g.shape(g.reshape(x, (-1, 32), name="a")) == (1, 32)
+    assert g.shape(g.reshape(x, (-1, 8), name="b")) == (4, 8)
+    for bad in [(-1, -1), (0, 32), (-2, 16), (-1, 5), (2, 17)]:
+        with pytest.raises(ConfigError, match="reshape"):
+            g.reshape(x, bad, name=f"bad{bad}")
