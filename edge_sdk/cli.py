@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from edge_sdk import __version__
-from edge_sdk.errors import EdgeSdkError
+from edge_sdk.errors import BudgetNotMetError, EdgeSdkError
 
 ENTRY_POINT_GROUP = "edge_sdk.commands"
 PROG = "edge-sdk"
@@ -30,6 +30,10 @@ WORKSTATION_INSTALL = f"pip install '{WORKSTATION_DIST}'"
 # in step), named here so that a device install can say where they come from.
 WORKSTATION_COMMANDS = ("train", "quantize", "export", "report", "demo")
 _NEEDS_WORKSTATION = f"needs the workstation install: {WORKSTATION_INSTALL}"
+# Exit codes: 0 success; 2 invalid input of any kind (arguments, files, a malformed budget:
+# every EdgeSdkError); 3 a valid budget that strict mode could not meet (BudgetNotMetError)
+EXIT_INVALID = 2
+EXIT_BUDGET_NOT_MET = 3
 
 
 class CommandEntryPoint(Protocol):
@@ -106,10 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         code = command(rest)
+    except BudgetNotMetError as exc:  # a valid budget strict mode could not meet: not bad input
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BUDGET_NOT_MET
     except EdgeSdkError as exc:
         # Our own errors already say what was wrong and what was expected; a traceback adds noise.
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID
     return 0 if code is None else int(code)
 
 

@@ -10,25 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.errors import InputError
+from edge_sdk.input_files import read_input
 
 
-def _read_input(path: str, spec) -> np.ndarray:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--input {path} does not exist")
-    if p.suffix == ".npy":
-        return np.load(p, allow_pickle=False)
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise InputError(f"reading {p.suffix} images needs Pillow: pip install 'nested-edge-sdk[image]' "
-                         "(or pass a .npy array)") from e
-    _, h, w, c = spec.shape
-    img = Image.open(p).convert("L" if c == 1 else "RGB").resize((w, h))
-    arr = np.asarray(img, dtype=np.float32).reshape(h, w, c)
-    lo, hi = spec.value_range
-    return arr / 255.0 * (hi - lo) + lo  # image pixels 0..255 onto the model's raw range
+def _read_input(path: str, spec, resize: bool = False) -> np.ndarray:
+    return read_input(path, spec, resize)
 
 
 def _is_batch(x: np.ndarray, spec) -> bool:
@@ -42,27 +28,51 @@ def _is_batch(x: np.ndarray, spec) -> bool:
     return c == 1 and x.ndim == 3 and x.shape != (h, w, 1) and x.shape[1:] == (h, w)
 
 
+EXIT_CODES = """exit codes:
+  0  every prediction answered (within its budget, or without --strict)
+  2  invalid input: arguments, the input file, the bundle, or a malformed budget
+  3  --strict: a valid budget that could not be met (nothing predicted to fit, or an answer
+     that came in over the budget; its line is still printed)"""
+
+
 def run_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="edge-sdk run",
+    p = argparse.ArgumentParser(prog="edge-sdk run", epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Predict with a bundle under a budget.")
     p.add_argument("bundle")
     p.add_argument("--input", required=True,
                    help=".npy: one sample [H, W, C] or a batch [N, H, W, C] (a grey model also "
-                        "takes [H, W] and [N, H, W]); or an image")
-    p.add_argument("--latency-ms", type=float, default=None)
+                        "takes [H, W] and [N, H, W]); or an image of the model's size")
+    p.add_argument("--resize", action="store_true",
+                   help="resize an image of another size and convert its channels (else an "
+                        "image must match the model's input)")
+    p.add_argument("--latency-ms", type=float, default=None,
+                   help="end-to-end latency budget per call (a batch: per batch)")
     p.add_argument("--memory-mb", type=float, default=None)
     p.add_argument("--policy", choices=["best", "cascade"], default="best")
     p.add_argument("--target-accuracy", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--profile", default="auto",
+                   help="latency priors: auto (the cached measured profile, else the "
+                        "manifest), a built-in device profile name, a profile YAML, or none")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse (exit 3) instead of answering outside the budget")
+    p.add_argument("--explain", action="store_true",
+                   help="print the decision table (why this configuration) before answering")
     p.add_argument("--json", action="store_true", help="one JSON object per prediction")
     args = p.parse_args(argv)
     import edge_sdk
 
-    model = edge_sdk.load(args.bundle, threads=args.threads, policy=args.policy,
-                          target_accuracy=args.target_accuracy)
-    budget = edge_sdk.Budget(args.latency_ms, args.memory_mb)
-    x = _read_input(args.input, model.input_spec)
+    budget = edge_sdk.Budget(args.latency_ms, args.memory_mb)  # malformed: BudgetError, exit 2
+    profile = None if args.profile.lower() == "none" else args.profile
+    model = edge_sdk.load(args.bundle, profile=profile, threads=args.threads,
+                          policy=args.policy, target_accuracy=args.target_accuracy,
+                          strict=args.strict)
+    x = _read_input(args.input, model.input_spec, args.resize)
     batch = _is_batch(x, model.input_spec)
+    if args.explain:
+        exp = model.explain(budget, len(x) if batch else 1)
+        print(json.dumps({"explain": exp.to_dict()}) if args.json else f"{exp}\n")
     preds = model.predict_batch(x, budget) if batch else [model.predict(x, budget)]
     for pr in preds:
         if args.json:
@@ -70,7 +80,10 @@ def run_main(argv: list[str]) -> int:
         else:
             print(f"{pr.class_name}\tconfidence {pr.confidence:.4f}\tMI {pr.mutual_info:.5f}"
                   f"\t{'ABSTAIN' if pr.abstain else 'ok'}\t{pr.config_id}\t{pr.latency_ms:.3f} ms"
-                  f"\tbudget {'met' if pr.budget_met else 'MISSED'}")
+                  f" (invoke {pr.invoke_ms:.3f})\tbudget {'met' if pr.budget_met else 'MISSED'}")
+    if args.strict and not all(pr.budget_met for pr in preds):
+        print("error: the budget was not met (strict mode)", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -77,21 +77,27 @@ def test_image_pixels_map_onto_the_raw_value_range(manifest, tmp_path):
 
 
 @pytest.mark.parametrize("size", [(16, 16), (5, 11), (64, 40)])
-def test_an_image_of_another_size_is_resized(bundle, manifest, tmp_path, capsys, size):
+def test_an_image_of_another_size_is_resized_only_with_resize(bundle, manifest, tmp_path,
+                                                              capsys, size):
     png = grey_png(tmp_path / "big.png", pixels(manifest, seed=2, size=size))
-    x = commands._read_input(str(png), manifest.input)
+    x = commands._read_input(str(png), manifest.input, resize=True)
     assert x.shape == tuple(manifest.input.shape[1:])
-    (out,) = run_json([str(bundle), "--input", str(png), "--json"], capsys)
+    (out,) = run_json([str(bundle), "--input", str(png), "--json", "--resize"], capsys)
     assert out["class_name"] in manifest.labels
+    with pytest.raises(InputError, match="--resize"):
+        run_main([str(bundle), "--input", str(png)])
 
 
-def test_a_colour_image_is_converted_for_a_grey_model(bundle, manifest, tmp_path, capsys):
+def test_a_colour_image_is_converted_for_a_grey_model_only_with_resize(bundle, manifest,
+                                                                       tmp_path, capsys):
     _, h, w, _ = manifest.input.shape
     rgb = np.random.default_rng(3).integers(0, 256, (h, w, 3), dtype=np.uint8)
     png = tmp_path / "colour.png"
     Image.fromarray(rgb).save(png)
-    (out,) = run_json([str(bundle), "--input", str(png), "--json"], capsys)
+    (out,) = run_json([str(bundle), "--input", str(png), "--json", "--resize"], capsys)
     assert out["class_name"] in manifest.labels
+    with pytest.raises(InputError, match="3 channel"):
+        run_main([str(bundle), "--input", str(png)])
 
 
 def test_plain_output_names_the_class(bundle, manifest, tmp_path, capsys):
@@ -123,5 +129,5 @@ def test_a_missing_input_file_is_an_input_error(bundle, tmp_path, name):
 
 
 def test_a_directory_is_not_an_input_file(bundle, tmp_path):
-    with pytest.raises(InputError, match="does not exist"):
+    with pytest.raises(InputError, match="is a directory"):
         run_main([str(bundle), "--input", str(tmp_path)])
