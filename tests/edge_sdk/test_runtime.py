@@ -129,7 +129,7 @@ def test_damaged_file_is_refused_before_use(bundle, manifest, tmp_path, no_inter
 def test_damaged_manifest_is_refused(bundle, tmp_path, no_interpreter):
     copy = copy_bundle(bundle, tmp_path / "b")
     text = (copy / MANIFEST_NAME).read_text()
-    (copy / MANIFEST_NAME).write_text(text.replace("schema_version: 1", "schema_version: 2"))
+    (copy / MANIFEST_NAME).write_text(text.replace("schema_version: 2", "schema_version: 99"))
     with pytest.raises(BundleError, match="schema version"):
         edge_sdk.load(copy)
     (copy / MANIFEST_NAME).write_text(text[: len(text) // 2] + "\n  - [unclosed")
