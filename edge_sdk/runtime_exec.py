@@ -75,10 +75,12 @@ class Executor:
 
     def _run_batch(self, c, xb: np.ndarray) -> tuple[np.ndarray, float, float]:
         """(logits ``[n, rows, C]``, invoke ms, build/resize ms) of ``n`` normalised samples:
-        one invoke per interpreter with the input resized to ``[n, ...]`` when the slice
-        allows it, else one invoke per sample (version-1 slices hard-code batch 1)."""
+        one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
+        says the batch dimension is resizable (its output is ``[n * rows, C]``, sample-major),
+        else one invoke per sample."""
         n = len(xb)
-        if n > 1 and self._batchable.get(c.id, True):
+        # version-1 bundles hard-code batch 1 in their graphs (XNNPACK refuses the resize)
+        if n > 1 and self.manifest.batch_resizable and self._batchable.get(c.id, True):
             try:
                 interps, built = self._resident(c, n)
             except _RESIZE_ERRORS:
