@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from edge_sdk.errors import BundleError
 
 __all__ = [
-    "MAX_DEPTH", "MAX_NODES", "NodeBudget", "bool_value", "choice", "fail", "float_value", "got",
+    "INT_MAX", "MAX_DEPTH", "MAX_NODES", "NodeBudget", "bool_value", "choice", "fail", "float_value", "got",
     "int_value", "join", "key_path", "list_value", "mapping", "optional_float", "plain", "show",
     "str_value",
 ]
@@ -35,15 +36,29 @@ def key_path(path: str, key: object) -> str:
     """Path of a free-form mapping key: dotted when it reads as an identifier, else subscripted."""
     if isinstance(key, str) and key.isidentifier():
         return join(path, key)
-    return f"{path}[{key!r}]"
+    return f"{path}[{show(key)}]"
 
 
 def fail(path: str, message: str) -> NoReturn:
     raise BundleError(f"{path}: {message}" if path else message)
 
 
+# Bounded repr: a few items and characters of each container and string, so an error message
+# never renders a whole unvalidated value (reprlib stops early; repr() would build all of it).
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
+
+
 def show(value: object) -> str:
-    text = repr(value)
+    """A repr of at most 80 characters, cheap whatever ``value`` is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        text = f"<an integer of {value.bit_length()} bits>"  # str(int) is quadratic, and limited
+    else:
+        try:
+            text = _REPR.repr(value)
+        except Exception:  # noqa: BLE001 - a hostile __repr__ must not replace the real error
+            text = f"<{type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -51,12 +66,20 @@ def got(value: object) -> str:
     return f"got {type(value).__name__} {show(value)}"
 
 
-def int_value(value: object, path: str, *, minimum: int | None = None) -> int:
+# Every count a manifest or profile holds fits in int64; a larger integer is refused rather
+# than overflowing float arithmetic (OverflowError) or str() (ValueError above 4300 digits) later.
+INT_MAX = 2**63 - 1
+
+
+def int_value(value: object, path: str, *, minimum: int | None = None,
+              maximum: int = INT_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(path, f"expected an integer, {got(value)}")
     result = int(value)
     if minimum is not None and result < minimum:
-        fail(path, f"expected an integer >= {minimum}, got {result}")
+        fail(path, f"expected an integer >= {minimum}, got {show(result)}")
+    if result > maximum or result < -INT_MAX - 1:
+        fail(path, f"expected an integer <= {maximum}, got {show(result)}")
     return result
 
 
@@ -70,7 +93,10 @@ def float_value(
 ) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         fail(path, f"expected a number, {got(value)}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an integer beyond float range
+        fail(path, f"expected a finite number, got {show(value)}")
     if not math.isfinite(result):
         fail(path, f"expected a finite number, got {result}")
     if gt is not None and not result > gt:
@@ -145,7 +171,7 @@ def plain(value: object, path: str, budget: NodeBudget, depth: int = 0) -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, numbers.Integral):
-        return int(value)
+        return int_value(value, path)  # int64: it is written back and printed
     if isinstance(value, numbers.Real):
         result = float(value)
         if math.isnan(result):

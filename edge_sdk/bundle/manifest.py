@@ -232,7 +232,7 @@ class Manifest(_Record):
             if config.id == id:
                 return config
         raise BundleError(
-            f"no configuration {id!r} in this bundle; available: {', '.join(self.ids)}"
+            f"no configuration {show(id)} in this bundle; available: {', '.join(self.ids)}"
         )
 
     def file_entries(self) -> tuple[FileEntry, ...]:
@@ -267,7 +267,7 @@ class Manifest(_Record):
         first: dict[str, int] = {}
         for i, label in enumerate(labels):
             if label in first:
-                fail(f"{p}[{i}]", f"duplicate label {label!r} (also {p}[{first[label]}])")
+                fail(f"{p}[{i}]", f"duplicate label {show(label)} (also {p}[{first[label]}])")
             first[label] = i
         out["labels"] = labels
 
@@ -298,7 +298,7 @@ class Manifest(_Record):
             if config.id in ids:
                 fail(
                     join(cp, "id"),
-                    f"duplicate configuration id {config.id!r} (also {p}[{ids[config.id]}])",
+                    f"duplicate configuration id {show(config.id)} (also {p}[{ids[config.id]}])",
                 )
             ids[config.id] = i
             classes = config.output.shape[1]

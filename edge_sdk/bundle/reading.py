@@ -16,12 +16,14 @@ import yaml
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.records import MANIFEST_NAME, _file_name
 from edge_sdk.errors import BundleError
-from edge_sdk.validation import got
+from edge_sdk.validation import MAX_DEPTH, got
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 _CHUNK = 1 << 20  # hashing reads files in 1 MiB chunks
-_MAX_MANIFEST_BYTES = 16 << 20  # a real manifest is a few kB; refuse to parse anything absurd
+# A real manifest is about 1 kB per configuration (7.5 kB for 8); pure-Python PyYAML parses
+# 0.3-1 MB/s, so anything above 256 KiB is refused before it is parsed.
+_MAX_MANIFEST_BYTES = 256 << 10
 
 
 def manifest_to_yaml(manifest: Manifest) -> str:
@@ -34,29 +36,71 @@ def manifest_to_yaml(manifest: Manifest) -> str:
         raise BundleError(f"invalid manifest: {exc}") from None
     # ASCII output (allow_unicode=False): PyYAML's unicode mode writes U+0085 in a way it cannot
     # read back (found by the round-trip property test); escapes round-trip everything.
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    body = yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
     text = f"# edge-sdk bundle manifest (schema version {manifest.schema_version})\n{body}"
     if _parse_manifest_text(text.encode("utf-8"), MANIFEST_NAME) != manifest:
         raise BundleError("manifest does not survive a YAML round trip; refusing to write it")
     return text
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """safe_dump that never writes anchors or aliases (shared objects are written out), since
+    the reader refuses them."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def _check_events(text: str, where: str) -> None:
+    """BundleError at the first YAML anchor or alias, or nesting deeper than MAX_DEPTH.
+    Checked on the event stream (an alias is one event there), before anything is composed:
+    expanding nested aliases (a "billion laughs" bomb) is what exhausts memory, and no manifest
+    needs them; PyYAML's scanner is quadratic in flow nesting (1000 levels of [ take > 1 s),
+    so the stream is abandoned as soon as it gets too deep."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise BundleError(f"{where}: nested more than {MAX_DEPTH} levels deep (line "
+                                  f"{mark.line + 1}, column {mark.column + 1})")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            mark = event.start_mark
+            kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+            raise BundleError(
+                f"{where}: YAML {kind}{str(anchor)[:40]} at line {mark.line + 1}, column "
+                f"{mark.column + 1}: anchors and aliases are not allowed in a manifest "
+                "(write every value out)")
+
+
 def _parse_manifest_text(data: bytes, where: str) -> Manifest:
     if len(data) > _MAX_MANIFEST_BYTES:
-        raise BundleError(f"{where}: {len(data)} bytes; a manifest is at most {_MAX_MANIFEST_BYTES}")
+        raise BundleError(f"{where}: more than {_MAX_MANIFEST_BYTES} bytes; a manifest is a few "
+                          f"kB (at most {_MAX_MANIFEST_BYTES >> 10} KiB)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BundleError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
     try:
+        _check_events(text, where)
         raw = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = " ".join(p for p in (exc.context, exc.problem) if p) or type(exc).__name__
-        raise BundleError(f"{where}: invalid YAML{at}: {problem}") from None
+        raise BundleError(f"{where}: invalid YAML{at}: {problem[:200]}") from None
     except (yaml.YAMLError, RecursionError) as exc:
-        raise BundleError(f"{where}: invalid YAML: {exc}") from None
+        raise BundleError(f"{where}: invalid YAML: {str(exc)[:200]}") from None
+    except BundleError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        # a scalar the constructor cannot build: an integer of more than 4300 digits (Python's
+        # int-from-string limit), a timestamp such as 2024-13-45, ...
+        raise BundleError(f"{where}: invalid YAML value: {str(exc)[:200]}") from None
     if not isinstance(raw, Mapping):
         raise BundleError(
             f"{where}: expected a YAML mapping at the top level, got {type(raw).__name__}"
@@ -134,7 +178,8 @@ def read_manifest(bundle_dir: PathLike, verify: bool = True) -> Manifest:
     if not path.is_file():
         raise BundleError(f"not a bundle: {root} has no {MANIFEST_NAME}")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(_MAX_MANIFEST_BYTES + 1)  # never more: the size is refused anyway
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc}") from None
     manifest = _parse_manifest_text(data, str(path))

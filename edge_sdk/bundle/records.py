@@ -48,19 +48,19 @@ def _file_name(value: object, path: str) -> str:
     name = str_value(value, path)
     expected = f"a plain file name ending in {FILE_SUFFIX!r}"
     if "/" in name or "\\" in name or (os.altsep and os.altsep in name):
-        fail(path, f"expected {expected} (no path separators), got {name!r}")
+        fail(path, f"expected {expected} (no path separators), got {show(name)}")
     if name in (".", ".."):
-        fail(path, f"expected {expected}, got {name!r}")
+        fail(path, f"expected {expected}, got {show(name)}")
     if name.startswith("."):
-        fail(path, f"expected {expected} not starting with '.', got {name!r}")
+        fail(path, f"expected {expected} not starting with '.', got {show(name)}")
     if ":" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        fail(path, f"expected {expected} without ':' or control characters, got {name!r}")
+        fail(path, f"expected {expected} without ':' or control characters, got {show(name)}")
     if not name.endswith(FILE_SUFFIX):
-        fail(path, f"expected {expected}, got {name!r}")
+        fail(path, f"expected {expected}, got {show(name)}")
     try:
         encoded = name.encode("utf-8")
     except UnicodeEncodeError:
-        fail(path, f"expected {expected} in valid UTF-8, got {name!r}")
+        fail(path, f"expected {expected} in valid UTF-8, got {show(name)}")
     if len(encoded) > 255:
         fail(path, f"expected {expected} of at most 255 bytes, got {len(encoded)} bytes")
     return name
