@@ -1,9 +1,11 @@
-"""The on-device runtime on a real bundle: predict() overhead over raw invoke(), width-switch
-time, latency vs MACs per width, a budget trace, and cascade vs always-full.
+"""The on-device runtime on a real bundle: end-to-end (what the app waits) vs invoke latency per
+width, predict_batch throughput vs looping predict, width-switch time, a budget trace judged on
+end-to-end time, and cascade vs always-full.
 
-    python benchmarks/runtime.py --bundle /tmp/bundle_fm [--data npz:DIR/fashion_mnist.npz]
+    python benchmarks/runtime.py --bundle runs/demo/bundle [--data npz:DIR/fashion_mnist.npz]
 
-Torch-free except for loading the evaluation data when --data is given (trainer.data).
+Without --data the trace feeds random inputs in the raw range (no accuracy); with it, the
+source's test split (trainer.data, torch). Everything else is torch-free. 1 thread throughout.
 """
 from __future__ import annotations
 
@@ -16,40 +18,23 @@ import numpy as np
 import edge_sdk
 
 
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+def med_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--data", default=None, help="source whose test split drives the trace")
-    p.add_argument("--repeats", type=int, default=300)
-    p.add_argument("--samples", type=int, default=1000, help="test samples for trace/cascade")
-    args = p.parse_args()
-    model = edge_sdk.load(args.bundle, threads=1)
-    spec = model.input_spec
-    lo, hi = spec.value_range
-    x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)
-    points = [c for c in model.manifest.configurations if c.scope == "point"]
-
-    print(f"backend {model.backend}; 1 thread; batch 1; median of {args.repeats}, the three "
-          f"timings interleaved call by call")
-    print(f"{'config':<14}{'invoke ms':>10}{'set+inv+get':>12}{'predict ms':>11}"
-          f"{'over invoke us':>15}{'over s+i+g us':>14}{'ratio':>7}{'lat/lat(1)':>11}"
-          f"{'MACs/MACs(1)':>13}")
-    full = max(points, key=lambda c: c.width)
-    lat, rows = {}, {}
-    for c in points:
+def latency_table(model, configs, x, repeats: int) -> dict[str, float]:
+    """Per configuration: bare invoke, set+invoke+get, and predict() timed from outside, with
+    the latency_ms / invoke_ms it reports; interleaved call by call so drift hits all alike.
+    Returns each configuration's median end-to-end latency as predict() reports it."""
+    print(f"{'config':<14}{'invoke ms':>10}{'s+i+g ms':>9}{'wall ms':>9}{'latency_ms':>11}"
+          f"{'invoke_ms':>10}{'SDK us':>8}{'e2e/inv':>8}{'lat/lat(1)':>11}{'MACs/MACs(1)':>13}")
+    full = max(configs, key=lambda c: (c.width, -c.invokes))
+    rows, e2e = {}, {}
+    for c in configs:
         interps = model._interpreters(c)
         xin = model._prepare(x, "x")
-        bare, copy, pred = [], [], []
-        for _ in range(args.repeats):
+        bare, sig, wall, lat, inv = [], [], [], [], []
+        for _ in range(repeats):
             t0 = time.perf_counter()
             for it, _, _ in interps:
                 it.invoke()
@@ -59,111 +44,205 @@ def main() -> None:
                 it.invoke()
                 it.get_tensor(out)
             t2 = time.perf_counter()
-            model.predict(x, config_id=c.id)
+            p = model.predict(x, config_id=c.id)
             t3 = time.perf_counter()
             bare.append(t1 - t0)
-            copy.append(t2 - t1)
-            pred.append(t3 - t2)
-        lat[c.id] = statistics.median(bare) * 1e3
-        rows[c.id] = (statistics.median(copy) * 1e3, statistics.median(pred) * 1e3)
-    for c in points:
-        raw, (sig, prd) = lat[c.id], rows[c.id]
-        print(f"{c.id:<14}{raw:>10.3f}{sig:>12.3f}{prd:>11.3f}{(prd - raw) * 1e3:>15.1f}"
-              f"{(prd - sig) * 1e3:>14.1f}{prd / raw:>7.3f}{raw / lat[full.id]:>11.2f}"
+            sig.append(t2 - t1)
+            wall.append(t3 - t2)
+            lat.append(p.latency_ms / 1e3)
+            inv.append(p.invoke_ms / 1e3)
+        rows[c.id] = [med_ms(v) for v in (bare, sig, wall, lat, inv)]
+        e2e[c.id] = rows[c.id][3]
+    for c in configs:
+        b, s, w, lt, iv = rows[c.id]
+        print(f"{c.id:<14}{b:>10.4f}{s:>9.4f}{w:>9.4f}{lt:>11.4f}{iv:>10.4f}"
+              f"{(lt - iv) * 1e3:>8.1f}{lt / iv:>8.2f}{b / rows[full.id][0]:>11.2f}"
               f"{c.macs / full.macs:>13.2f}")
+    return e2e
 
-    # width switch with slices resident: alternate two configurations, time each call
-    a, b = points[0], full
-    switch = []
-    for i in range(args.repeats):
-        c = a if i % 2 else b
-        t0 = time.perf_counter()
-        model.predict(x, config_id=c.id)
-        switch.append((time.perf_counter() - t0) * 1e3 - lat[c.id])
-    print(f"\nwidth switch overhead (alternating {a.id} / {b.id}): median "
-          f"{statistics.median(switch) * 1e3:.1f} us, p99 {np.percentile(switch, 99) * 1e3:.1f} us")
 
-    if args.data is None:
-        return
-    from trainer.config import DataConfig
-    from trainer.data import load_data
+def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
+    """Samples/s of predict_batch(N) vs N looped predict() calls vs a raw batched invoke (the
+    interpreter alone at batch N), per configuration, 1 thread. Separate models for the loop
+    and the batch, so neither pays for resizing the other's interpreters."""
+    loop_m = edge_sdk.load(bundle, threads=1)
+    batch_m = edge_sdk.load(bundle, threads=1)
+    spec = loop_m.input_spec
+    lo, hi = spec.value_range
+    xs = np.random.default_rng(1).uniform(lo, hi, (max(ns), *spec.shape[1:])).astype(np.float32)
+    resizable = batch_m.manifest.batch_resizable
+    print(f"batch dimension resizable: {resizable} (schema {batch_m.manifest.schema_version}); "
+          f"median of {repeats} rounds, samples/s; 'raw' = the interpreter's batched invoke "
+          f"alone (set + invoke + get)")
+    print(f"{'config':<14}{'N':>4}{'loop/s':>10}{'batch/s':>10}{'raw/s':>10}{'batch/loop':>11}"
+          f"{'batch/raw':>10}")
+    for c in configs:
+        for n in ns:
+            xb = xs[:n]
+            raw = batch_m._build(c)  # a private interpreter, resized like predict_batch's
+            xin = np.stack([batch_m._prepare(x)[0] for x in xb])
+            for it, inp, _ in raw:
+                if n > 1 and resizable:
+                    it.resize_tensor_input(inp, [n, *spec.shape[1:]])
+                    it.allocate_tensors()
+            for _ in range(3):  # warm: interpreters built, resized, measured
+                batch_m.predict_batch(xb, config_id=c.id)
+                for x in xb:
+                    loop_m.predict(x, config_id=c.id)
+            t_loop, t_batch, t_raw = [], [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for x in xb:
+                    loop_m.predict(x, config_id=c.id)
+                t1 = time.perf_counter()
+                batch_m.predict_batch(xb, config_id=c.id)
+                t2 = time.perf_counter()
+                for it, inp, out in raw:
+                    if n > 1 and resizable:
+                        it.set_tensor(inp, xin)
+                        it.invoke()
+                        it.get_tensor(out)
+                    else:
+                        for i in range(n):
+                            it.set_tensor(inp, xin[i:i + 1])
+                            it.invoke()
+                            it.get_tensor(out)
+                t3 = time.perf_counter()
+                t_loop.append(t1 - t0)
+                t_batch.append(t2 - t1)
+                t_raw.append(t3 - t2)
+            sl, sb, sr = (n / statistics.median(t) for t in (t_loop, t_batch, t_raw))
+            print(f"{c.id:<14}{n:>4}{sl:>10.0f}{sb:>10.0f}{sr:>10.0f}{sb / sl:>11.2f}"
+                  f"{sb / sr:>10.2f}")
 
-    data = load_data(DataConfig(source=args.data))
-    xs, ys = data.test.raw[: args.samples], data.test.y[: args.samples].numpy()
 
-    # this process's latency of every configuration as the policy measures it (the invokes'
-    # wall time, Prediction.latency_ms), median of pinned predictions
-    true_ms = {c.id: statistics.median(model.predict(x, config_id=c.id).latency_ms
-                                       for _ in range(max(args.repeats // 3, 20)))
-               for c in model.manifest.configurations}
-
+def trace(model, configs, xs, ys, e2e: dict[str, float]) -> None:
+    """Budget phases set from the end-to-end latencies measured above; a call is within budget
+    when its whole predict() (latency_ms) is; 'rule' = the choice a perfect predictor of those
+    latencies would make."""
     def ideal(budget):
-        """The rule applied with the true latencies: what a perfect predictor would choose."""
-        fit = [c for c in model.manifest.configurations
-               if (budget.latency_ms is None or true_ms[c.id] <= budget.latency_ms)
-               and (budget.memory_mb is None or model.policy.memory_need_mb(c) <= budget.memory_mb)]
+        fit = [c for c in configs
+               if (budget.latency_ms is None or e2e[c.id] <= budget.latency_ms)
+               and (budget.memory_mb is None
+                    or model.policy.memory_need_mb(c) <= budget.memory_mb)]
         return min(fit, key=model.policy.preference).id if fit else None
 
-    # budget trace: latency budget stepping down and back up, then a memory squeeze
-    fast, slow = min(lat.values()), max(lat.values())
+    fast, slow = min(e2e.values()), max(e2e.values())
+    mems = sorted({model.policy.memory_need_mb(c) for c in configs})
     phases = [("roomy", edge_sdk.Budget(latency_ms=slow * 3)),
-              ("tight", edge_sdk.Budget(latency_ms=(fast + slow) / 2 + 0.1)),
-              ("tightest", edge_sdk.Budget(latency_ms=fast * 1.5 + 0.1)),
+              ("tight", edge_sdk.Budget(latency_ms=(fast + slow) / 2)),
+              ("tightest", edge_sdk.Budget(latency_ms=fast * 1.5)),
               ("recovered", edge_sdk.Budget(latency_ms=slow * 3)),
-              ("memory squeeze", edge_sdk.Budget(memory_mb=min(c.memory_mb or 1e9
-                                                               for c in points) + 0.01))]
-    print(f"\n{'phase':<16}{'budget':>22}{'rule (true latency)':>21}{'chosen':>26}{'acc':>7}"
-          f"{'met':>7}{'rule':>7}")
-    all_met, all_rule, n = 0, 0, 0
+              ("memory squeeze", edge_sdk.Budget(memory_mb=mems[len(mems) // 2]))]
+    print(f"{'phase':<16}{'budget':>22}{'rule (e2e)':>14}{'chosen (most)':>16}{'acc':>7}"
+          f"{'e2e ms':>8}{'inv ms':>8}{'met':>7}{'rule':>7}")
+    n = met_all = rule_all = 0
     for name, budget in phases:
         preds = [model.predict(xi, budget) for xi in xs]
-        met = np.mean([pr.budget_met for pr in preds])
+        met = np.mean([p.budget_met for p in preds])
         want = ideal(budget)
-        rule = np.mean([pr.config_id == want for pr in preds])
-        all_met, all_rule, n = all_met + met * len(preds), all_rule + rule * len(preds), \
-            n + len(preds)
-        top = max(set(pr.config_id for pr in preds), key=[pr.config_id for pr in preds].count)
-        acc = np.mean([pr.label == y for pr, y in zip(preds, ys)])
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        btxt = f"{fmt(budget.latency_ms)} ms / {fmt(budget.memory_mb)} MB"
-        print(f"{name:<16}{btxt:>22}{str(want):>21}{top:>26}{acc:>7.4f}{met:>7.3f}{rule:>7.3f}")
-    print(f"{'all phases':<16}{'':>22}{'':>21}{'':>26}{'':>7}{all_met / n:>7.3f}"
-          f"{all_rule / n:>7.3f}")
+        rule = np.mean([p.config_id == want for p in preds])
+        n, met_all, rule_all = n + len(preds), met_all + met * len(preds), \
+            rule_all + rule * len(preds)
+        ids = [p.config_id for p in preds]
+        top = max(set(ids), key=ids.count)
+        acc = "-" if ys is None else f"{np.mean([p.label == y for p, y in zip(preds, ys)]):.4f}"
+        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        print(f"{name:<16}{fmt(budget.latency_ms) + ' ms / ' + fmt(budget.memory_mb) + ' MB':>22}"
+              f"{str(want):>14}{top:>16}{acc:>7}"
+              f"{np.mean([p.latency_ms for p in preds]):>8.4f}"
+              f"{np.mean([p.invoke_ms for p in preds]):>8.4f}{met:>7.3f}{rule:>7.3f}")
+    print(f"{'all phases':<16}{'':>22}{'':>14}{'':>16}{'':>7}{'':>8}{'':>8}{met_all / n:>7.3f}"
+          f"{rule_all / n:>7.3f}   (goals: met >= 0.99, rule >= 0.95)")
 
-    # cascade vs always-full, point scope. "plan": the two-stage cascade with the plans fitted
-    # at export (accuracy loss <= max_loss on validation); "climb T": the width climb on the
-    # target-accuracy thresholds, for each exported target T
-    full_model = edge_sdk.load(args.bundle, threads=1)
+
+def cascade(bundle: str, points, full, xs, ys) -> None:
+    """Cascade vs always-full, point scope. 'plan': the two-stage cascade fitted at export;
+    'climb T': the width climb on the target-accuracy thresholds, for each exported target."""
+    full_model = edge_sdk.load(bundle, threads=1)
     full_model.policy.configs = points
-    t_full, acc_full = [], []
-    for xi, y in zip(xs, ys):
-        pf = full_model.predict(xi, config_id=full.id)
-        t_full.append(pf.latency_ms)
-        acc_full.append(pf.label == y)
-    print(f"\ncascade vs always {full.id} (mean invoke latency {np.mean(t_full):.4f} ms, "
-          f"accuracy {np.mean(acc_full):.4f})")
+    pf = [full_model.predict(xi, config_id=full.id) for xi in xs]
+    t_full = np.mean([p.latency_ms for p in pf])
+    acc_full = np.mean([p.label == y for p, y in zip(pf, ys)])
+    print(f"\ncascade vs always {full.id} (mean end-to-end {t_full:.4f} ms, accuracy "
+          f"{acc_full:.4f})")
     print(f"{'cascade':>12}{'mean ms':>9}{'saved':>8}{'accuracy':>10}{'change pt':>10}"
           f"{'answered by':>40}")
     variants = [("plan", 0.95, False)] + [(f"climb {t}", float(t), True)
                                          for t in sorted(full.thresholds, key=float)]
     for label, target, climb in variants:
-        casc = edge_sdk.load(args.bundle, threads=1, policy="cascade", target_accuracy=target)
+        casc = edge_sdk.load(bundle, threads=1, policy="cascade", target_accuracy=target)
         casc.policy.configs = points  # point scope only
-        if climb:
-            casc._cascade = casc._climb
-        elif not any(full.id in c.cascade for c in points):
+        casc.policy.climb_only = climb
+        if not climb and not any(full.id in c.cascade for c in points):
             print(f"{label:>12}  (this bundle has no cascade plans: re-export it)")
             continue
-        t_c, acc_c, who = [], [], []
-        for xi, y in zip(xs, ys):
-            pc = casc.predict(xi)
-            t_c.append(pc.latency_ms)
-            acc_c.append(pc.label == y)
-            who.append(pc.width)
-        saved = 1 - np.mean(t_c) / np.mean(t_full)
+        pc = [casc.predict(xi) for xi in xs]
+        t_c = np.mean([p.latency_ms for p in pc])
+        acc_c = np.mean([p.label == y for p, y in zip(pc, ys)])
+        who = [p.width for p in pc]
         mix = " ".join(f"{w:g}:{who.count(w) / len(who):.0%}" for w in sorted(set(who)))
-        print(f"{label:>12}{np.mean(t_c):>9.4f}{saved:>8.1%}{np.mean(acc_c):>10.4f}"
-              f"{100 * (np.mean(acc_c) - np.mean(acc_full)):>+10.2f}{mix:>40}")
+        print(f"{label:>12}{t_c:>9.4f}{1 - t_c / t_full:>8.1%}{acc_c:>10.4f}"
+              f"{100 * (acc_c - acc_full):>+10.2f}{mix:>40}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--data", default=None, help="source whose test split drives the trace")
+    p.add_argument("--repeats", type=int, default=300)
+    p.add_argument("--samples", type=int, default=1000, help="trace/cascade calls per phase")
+    p.add_argument("--batch-repeats", type=int, default=60)
+    p.add_argument("--batch-sizes", default="1,8,64")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip: "
+                                              "latency,batch,switch,trace,cascade")
+    args = p.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    model = edge_sdk.load(args.bundle, threads=1)
+    spec = model.input_spec
+    lo, hi = spec.value_range
+    x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)
+    configs = model.manifest.configurations
+    points = [c for c in configs if c.scope == "point"]
+    full = max(points, key=lambda c: c.width)
+    print(f"backend {model.backend}; 1 thread; {args.bundle}")
+
+    e2e = None
+    if "latency" not in skip:
+        print(f"\n== end-to-end vs invoke, batch 1, median of {args.repeats} (latency_ms = the "
+              f"whole predict() call as it reports it; wall = timed from outside)")
+        e2e = latency_table(model, configs, x, args.repeats)
+    if "batch" not in skip:
+        print("\n== predict_batch vs looping predict")
+        batch_table(args.bundle, [c for c in configs if c.scope in ("point", "head")],
+                    [int(n) for n in args.batch_sizes.split(",")], args.batch_repeats)
+    if "switch" not in skip:
+        a, b = points[0], full
+        switch = []
+        for i in range(args.repeats):
+            p_ = model.predict(x, config_id=(a if i % 2 else b).id)
+            switch.append(p_.latency_ms - p_.invoke_ms)
+        print(f"\nwidth switch, SDK time per call alternating {a.id} / {b.id}: median "
+              f"{statistics.median(switch) * 1e3:.1f} us, p99 {np.percentile(switch, 99) * 1e3:.1f}"
+              f" us")
+    if args.data is None:
+        xs = np.random.default_rng(2).uniform(lo, hi, (args.samples, *spec.shape[1:])) \
+            .astype(np.float32)
+        ys = None
+    else:
+        from trainer.config import DataConfig
+        from trainer.data import load_data
+
+        data = load_data(DataConfig(source=args.data))
+        xs, ys = data.test.raw[: args.samples], data.test.y[: args.samples].numpy()
+    if "trace" not in skip:
+        if e2e is None:
+            e2e = {c.id: statistics.median(model.predict(x, config_id=c.id).latency_ms
+                                           for _ in range(50)) for c in configs}
+        print("\n== budget trace judged on end-to-end time")
+        trace(edge_sdk.load(args.bundle, threads=1), configs, xs, ys, e2e)
+    if "cascade" not in skip and ys is not None:
+        cascade(args.bundle, points, full, xs, ys)
 
 
 if __name__ == "__main__":

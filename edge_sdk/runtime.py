@@ -221,7 +221,9 @@ class EdgeModel(Executor):
         else:
             with self._lock:
                 stages = self.policy.plan(budget, self.strict, n=n).stages
-        preds = self._execute_batch(xn, stages, budget, t0)
+        # one sample: the single-call path (the same answer, without the batch bookkeeping)
+        preds = [self._execute_one(xn, stages, budget, t0)] if n == 1 else \
+            self._execute_batch(xn, stages, budget, t0)
         if self._recorder is not None:
             self._recorder.add(preds, budget)
         return preds
