@@ -1,0 +1,116 @@
+"""edge_sdk.policy.Policy.plan: the policy owns the whole decision (the choice and, for the
+cascade, its stages); the runtime only executes the stages. Pure: fake configurations and
+clock, no interpreter."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from test_policy import FakeClock, config
+
+from edge_sdk.errors import BudgetNotMetError, ConfigError
+from edge_sdk.policy import Budget, MemoryProbe, Policy
+
+
+def ladder(plans: bool):
+    """Three point widths; with ``plans`` the two narrow ones carry a cascade plan towards the
+    widest (coverage 0.9, thresholds 0.7 / 0.8)."""
+    cs = [config("w025", width=0.25, val_nll=0.5, latency_ms=1.0),
+          config("w050", width=0.5, val_nll=0.4, latency_ms=2.0),
+          config("w100", width=1.0, val_nll=0.2, latency_ms=8.0)]
+    cs = [dataclasses.replace(c, thresholds={"0.95": t}) for c, t in zip(cs, (0.6, 0.7, 0.9))]
+    if plans:
+        cs = [dataclasses.replace(c, cascade={"w100": {"threshold": t, "coverage": 0.9,
+                                                       "max_loss": 0.002}})
+              if c.id != "w100" else c for c, t in zip(cs, (0.7, 0.8, None))]
+    return cs
+
+
+def policy(cs, **kw):
+    return Policy(cs, MemoryProbe(reader=lambda: 1e9, clock=FakeClock()), clock=FakeClock(),
+                  **kw)
+
+
+def ids(plan):
+    return [s.config.id for s in plan.stages]
+
+
+def test_best_is_one_stage_the_rules_choice():
+    pol = policy(ladder(plans=True))
+    plan = pol.plan(Budget())
+    assert ids(plan) == ["w100"] and plan.stages[0].accept is None and plan.fits
+    assert ids(pol.plan(Budget(latency_ms=3.0))) == ["w050"]
+
+
+def test_cascade_with_plans_is_two_stages_the_cheapest_expected_first():
+    pol = policy(ladder(plans=True), mode="cascade")
+    plan = pol.plan(Budget())
+    # expected latency: w025 1 + 0.1 * 8 = 1.8, w050 2 + 0.8 = 2.8: w025 first
+    assert ids(plan) == ["w025", "w100"]
+    assert plan.stages[0].accept == 0.7 and plan.stages[1].accept is None
+    assert plan.stages[0].predicted_ms == pytest.approx(1.0)
+    assert "cascade" in plan.reason
+
+
+def test_a_first_stage_that_does_not_pay_is_left_out():
+    cs = [dataclasses.replace(c, cascade={k: {**v, "coverage": 0.0}
+                                          for k, v in c.cascade.items()})
+          for c in ladder(plans=True)]
+    assert ids(policy(cs, mode="cascade").plan(Budget())) == ["w100"]
+
+
+def test_without_plans_the_cascade_climbs_the_fitting_widths():
+    pol = policy(ladder(plans=False), mode="cascade")
+    plan = pol.plan(Budget())
+    assert ids(plan) == ["w025", "w050", "w100"]
+    assert [s.accept for s in plan.stages] == [0.6, 0.7, None]
+    assert ids(pol.plan(Budget(latency_ms=3.0))) == ["w025", "w050"]  # w100 does not fit
+
+
+def test_climb_only_ignores_the_plans_and_a_missing_threshold_always_escalates():
+    cs = ladder(plans=True)
+    cs[0] = dataclasses.replace(cs[0], thresholds={"0.95": None})
+    pol = policy(cs, mode="cascade")
+    pol.climb_only = True
+    plan = pol.plan(Budget())
+    assert ids(plan) == ["w025", "w050", "w100"] and plan.stages[0].accept == math.inf
+
+
+def test_preview_changes_no_state_and_plan_does():
+    pol = policy(ladder(plans=False))
+    assert pol.preview(Budget()).stages == pol.preview(Budget()).stages
+    assert (pol._calls, pol._last) == (0, None)
+    pol.plan(Budget())
+    assert (pol._calls, pol._last) == (1, "w100")
+
+
+def test_strict_plans_raise_with_the_shortfall():
+    pol = policy(ladder(plans=False))
+    with pytest.raises(BudgetNotMetError, match=r"fastest, w025, is predicted at 1 ms"):
+        pol.plan(Budget(latency_ms=0.5), strict=True)
+
+
+def test_a_batch_is_planned_on_its_own_predicted_latency():
+    pol = policy(ladder(plans=False))
+    assert ids(pol.plan(Budget(latency_ms=10.0))) == ["w100"]
+    # 4 samples: unmeasured, a batch is predicted as 4 single calls (32 ms for w100)
+    assert ids(pol.plan(Budget(latency_ms=10.0), n=4)) == ["w050"]
+    pol.observe("w100", 9.0, n=4)  # measured: the batch of 4 takes 9 ms
+    assert ids(pol.plan(Budget(latency_ms=10.0), n=4)) == ["w100"]
+
+
+@pytest.mark.parametrize("kw", [{"hysteresis": 1.0}, {"hysteresis": -0.5},
+                                {"half_life_s": -1}, {"half_life_calls": 0},
+                                {"ewma": 0}, {"mode": "fastest"}], ids=repr)
+def test_tunables_are_validated(kw):
+    name = next(iter(kw))
+    with pytest.raises(ConfigError, match="policy must be" if name == "mode" else name):
+        policy(ladder(plans=False), **kw)
+
+
+def test_the_memory_cap_is_a_memory_limit_of_every_decision():
+    cs = [dataclasses.replace(c, memory_mb=m) for c, m in zip(ladder(False), (1.0, 2.0, 5.0))]
+    pol = policy(cs, memory_cap_mb=3.0)
+    assert ids(pol.plan(Budget())) == ["w050"]
+    assert pol.memory_limit_mb(Budget(memory_mb=10)) == 3.0
