@@ -125,8 +125,6 @@ def _compression(ckpt: dict, kind: str) -> dict:
 def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions | None = None,
                   *, progress: bool = True, log=print) -> Path:
     """Write the bundle for ``checkpoint`` into ``out``; return its path."""
-    from tqdm import tqdm
-
     from edge_sdk import bundle as B
 
     opts = opts or ExportOptions()
@@ -139,6 +137,19 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     if not 0 <= opts.cascade_max_loss <= 1:
         raise ConfigError(f"cascade_max_loss must be an accuracy difference in [0, 1], got "
                           f"{opts.cascade_max_loss!r}")
+    # The whole export holds the target's lock (a second export to it fails at once), and
+    # under it what a killed export left beside the target is recovered first.
+    with B.ExportLock(out) as lock:
+        for line in lock.recovered:
+            log(line)
+        return _export_locked(checkpoint, out, opts, lock, progress, log)
+
+
+def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, log) -> Path:
+    from tqdm import tqdm
+
+    from edge_sdk import bundle as B
+
     if Path(out).exists() and not opts.force:
         raise B.BundleError(f"{out} exists; pass --force to replace it")
     device = resolve_device(opts.device)
@@ -251,7 +262,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
         # the slices' flatten and head reshapes infer the batch (-1): one invoke may run N
         "batch_dim": 0,
         "configurations": configs})
-    path = B.write_bundle(out, manifest, files, force=opts.force)
+    path = B.write_bundle(out, manifest, files, force=opts.force, lock=lock)
     log(summary(manifest))
     return path
 

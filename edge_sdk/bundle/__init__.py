@@ -5,7 +5,8 @@ The exporter writes bundles through :func:`write_bundle`; the runtime reads them
 Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
 device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec), :mod:`.manifest`
 (Configuration, Manifest), :mod:`.reading` (parse, resolve, verify), :mod:`.slices` (the verified
-bytes interpreters are built from) and :mod:`.writing` (atomic write). Import every name from
+bytes interpreters are built from), :mod:`.writing` (atomic write) and :mod:`.recovery` (one
+export at a time, and what a killed one left). Import every name from
 here: ``from edge_sdk.bundle import Manifest``.
 
 Schema version 2 (``manifest.yaml``; version 1 is the same without ``batch_dim``, and still
@@ -83,6 +84,7 @@ from edge_sdk.bundle.records import (
     OutputSpec,
     file_entry,
 )
+from edge_sdk.bundle.recovery import ExportLock
 from edge_sdk.bundle.slices import check_slice, read_slices, verify_bytes
 from edge_sdk.bundle.writing import write_bundle
 from edge_sdk.errors import BundleError  # noqa: F401 (tests and exporters reach it as bundle.BundleError)
@@ -97,6 +99,7 @@ __all__ = [
     "SCOPES",
     "WEIGHT_ROUTES",
     "Configuration",
+    "ExportLock",
     "FileEntry",
     "InputSpec",
     "Manifest",

@@ -15,6 +15,7 @@ import yaml
 
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.records import MANIFEST_NAME, _file_name
+from edge_sdk.bundle.recovery import missing_bundle_message
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import MAX_DEPTH, got
 
@@ -169,7 +170,10 @@ def read_manifest(bundle_dir: PathLike, verify: bool = True) -> Manifest:
     """Read and validate ``bundle_dir/manifest.yaml``; with ``verify``, check every file too."""
     root = Path(bundle_dir)
     if not root.exists():
-        raise BundleError(f"bundle directory not found: {root}")
+        # an export killed between its two renames leaves NAME missing and the only copy in
+        # .NAME.old-*: say so (never touch it here: readers do not change the directory)
+        raise BundleError(missing_bundle_message(Path(os.path.abspath(root)))
+                          or f"bundle directory not found: {root}")
     if not root.is_dir():
         raise BundleError(
             f"not a bundle: {root} is not a directory (expected one holding {MANIFEST_NAME})"

@@ -11,12 +11,13 @@ import os
 import secrets
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import PathLike, manifest_to_yaml
+from edge_sdk.bundle.recovery import ExportLock
 from edge_sdk.bundle.records import MANIFEST_NAME, _file_name
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import got
@@ -115,11 +116,24 @@ def _check_target(target: Path, force: bool) -> bool:
     return True
 
 
+#: Fault injection for tests: called with the name of each step of a write ("written": the
+#: temporary directory is complete; "aside": the old bundle is renamed aside, the new one not
+#: yet in, the only window without NAME; "swapped": the new one is in, the old one not yet
+#: deleted). A test sets it in a subprocess to kill it there. None in normal use.
+fault_hook: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if fault_hook is not None:
+        fault_hook(name)
+
+
 def _swap(new: Path, target: Path) -> None:
     """Replace directory ``target`` by ``new``: old aside, new in, then delete the old one."""
     old = _fresh_name(target.parent, f".{target.name}.old-")
     os.replace(target, old)
     try:
+        _step("aside")
         os.replace(new, target)
     except BaseException:
         try:
@@ -130,6 +144,7 @@ def _swap(new: Path, target: Path) -> None:
                 f"which is now at {old}: {exc}"
             ) from exc
         raise
+    _step("swapped")
     shutil.rmtree(old, ignore_errors=True)
     if os.path.lexists(old):
         warnings.warn(f"could not delete the previous bundle moved aside to {old}", stacklevel=3)
@@ -141,6 +156,7 @@ def write_bundle(
     files: Mapping[str, bytes],
     *,
     force: bool = False,
+    lock: ExportLock | None = None,
 ) -> Path:
     """Write ``manifest`` and ``files`` (name -> bytes) as the bundle directory ``bundle_dir``.
 
@@ -150,12 +166,26 @@ def write_bundle(
     no bundle, the old one or the complete new one. An existing bundle is replaced only with
     ``force`` (old renamed aside, new renamed in, old deleted). On any failure the temporary
     directory is removed and an existing bundle is left as it was. Returns the bundle path.
+
+    The whole write holds the target's :class:`~edge_sdk.bundle.recovery.ExportLock` (``lock``:
+    one the caller already holds for its whole export, else taken here), under which what a
+    killed export left is recovered first.
     """
     text = manifest_to_yaml(manifest)
     blobs = _checked_files(manifest, files)
     target = Path(os.path.abspath(os.fspath(bundle_dir)))
     if target.name in ("", ".", ".."):
         raise BundleError(f"bundle_dir must name a directory, got {os.fspath(bundle_dir)!r}")
+    if lock is None:
+        with ExportLock(target):
+            return _write_locked(target, text, blobs, force)
+    if not lock.held or lock.target != target:
+        raise BundleError(f"write_bundle({target}): the lock passed is "
+                          f"{'not held' if not lock.held else f'for {lock.target}'}")
+    return _write_locked(target, text, blobs, force)
+
+
+def _write_locked(target: Path, text: str, blobs: dict[str, bytes], force: bool) -> Path:
     parent = target.parent
     _check_target(target, force)
     try:
@@ -168,6 +198,7 @@ def write_bundle(
             _write_synced(tmp / name, data)
         _write_synced(tmp / MANIFEST_NAME, text.encode("utf-8"))
         _fsync_dir(tmp)
+        _step("written")
         if _check_target(target, force):  # checked again: it may have appeared meanwhile
             _swap(tmp, target)
         else:
