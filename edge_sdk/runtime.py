@@ -252,6 +252,18 @@ class EdgeModel(Executor):
         return Explanation(budget.latency_ms, budget.memory_mb, limit, self.policy_name,
                            chosen.id, plan.fits, plan.reason, tuple(rows))
 
+    def warm_up(self, budget: Budget | None = None, config_ids=None) -> dict[str, float]:
+        """Build (and warm) in this thread the interpreters a call under ``budget`` would run
+        now (or those of ``config_ids``), so no call pays their first-use cost; returns it,
+        ms per configuration built."""
+        if config_ids is None:
+            budget = self._budget if budget is None else check_budget(budget)
+            with self._lock:
+                configs = [s.config for s in self.policy.preview(budget).stages]
+        else:
+            configs = [self._config(cid) for cid in config_ids]
+        return {c.id: self._resident(c, 1)[1] for c in configs}
+
     def record(self, path: str | os.PathLike, phase: str = "live",
                flush_every: int = 1000) -> TraceRecorder:
         """Record every prediction from now on into ``path`` (the demo's trace format, for

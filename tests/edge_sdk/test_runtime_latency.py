@@ -122,3 +122,16 @@ def test_a_new_interpreter_is_warmed_up_before_its_first_call(bundle, x):
 def test_latency_fields_reach_to_dict(bundle, x):
     d = edge_sdk.load(bundle).predict(x).to_dict()
     assert {"latency_ms", "invoke_ms", "batch_size", "budget_met"} <= set(d)
+
+
+def test_warm_up_builds_what_the_next_call_runs_so_it_pays_no_first_use(bundle, x):
+    m = slow_build(edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB), 0.05)
+    budget = Budget(latency_ms=1e3)
+    built = m.warm_up(budget)
+    chosen = m.explain(budget).chosen
+    assert list(built) == [chosen] and built[chosen] >= 50
+    assert m.warm_up(budget) == {chosen: 0.0}  # resident now
+    p = m.predict(x, budget)
+    assert p.config_id == chosen and p.latency_ms < 50
+    other = next(c.id for c in m.manifest.configurations if c.id != chosen)
+    assert m.warm_up(config_ids=[other])[other] >= 50
