@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from edge_sdk.bundle import read_manifest
+from edge_sdk.bundle import SCOPES, read_manifest
 from exporters.export import ExportOptions, export_bundle
 from exporters.measure import latency_ms, run_tflite
 from exporters.slice import make_slice
@@ -47,7 +47,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     export_bundle(args.checkpoint, args.out,
-                  ExportOptions(samples=args.samples, ood_data=args.ood_data,
+                  ExportOptions(samples=args.samples, ood_data=args.ood_data, scopes=SCOPES,
                                 max_eval=args.max_eval, force=True), progress=False)
     wall = time.perf_counter() - t0
     manifest = read_manifest(args.out)

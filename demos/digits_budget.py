@@ -282,7 +282,7 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
     from ai_edge_litert.interpreter import Interpreter
 
     from edge_sdk.backends import interpreter_class, quiet_delegate_banner
-    from edge_sdk.bundle import read_manifest
+    from edge_sdk.bundle import SCOPES, read_manifest
     from exporters.export import ExportOptions, export_bundle
     from exporters.report import write_report
     from trainer.config import load_config
@@ -315,7 +315,7 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
     t0 = _stage("3/5 export widths 0.25 ... 1.0 (point, sampled head, fully sampled)")
     max_eval = 200 if quick else None
     bundle = export_bundle(ckpt, out / "bundle", ExportOptions(
-        samples=samples, force=True, max_eval=max_eval), **quiet)
+        samples=samples, scopes=SCOPES, force=True, max_eval=max_eval), **quiet)
     stages["export"] = _done(t0)
 
     t0 = _stage("4/5 replay a changing budget with the torch-free runtime")

@@ -34,8 +34,9 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--widths", type=_floats, default=[0.25, 0.5, 0.75, 1.0])
     p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
-    p.add_argument("--scope", default="point,head,all",
-                   help="comma-separated subset of point,head,all")
+    p.add_argument("--scope", default="point",
+                   help="comma-separated subset of point,head,all (default point: on the issue "
+                        "17 benchmarks posterior samples added <= 0.6 pt OOD AUROC at S x the cost)")
     p.add_argument("--weights", choices=["dequantize", "hybrid", "float"], default="dequantize",
                    help="int8 weights via DEQUANTIZE (exact, default), as hybrid int8 ops, or float")
     p.add_argument("--calib-data", default=None,

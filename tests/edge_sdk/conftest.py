@@ -21,6 +21,7 @@ def bundle(tmp_path_factory) -> Path:
     if wanted and (Path(wanted) / MANIFEST_NAME).is_file():
         return Path(wanted)
     pytest.importorskip("torch", exc_type=ImportError)  # absent, or made to fail
+    from edge_sdk.bundle import SCOPES
     from exporters.export import ExportOptions, export_bundle
     from trainer.config import load_config
     from trainer.train import train
@@ -31,7 +32,7 @@ def bundle(tmp_path_factory) -> Path:
     res = train(cfg, work / "run", **QUIET)
     out = Path(wanted) if wanted else work / "bundle"
     return Path(export_bundle(res.checkpoint, out, ExportOptions(
-        widths=[0.5, 1.0], samples=2, measure=False, max_eval=50), **QUIET))
+        widths=[0.5, 1.0], samples=2, scopes=SCOPES, measure=False, max_eval=50), **QUIET))
 
 
 @pytest.fixture(scope="session", autouse=True)

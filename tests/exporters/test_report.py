@@ -76,7 +76,8 @@ def bundle(tmp_path_factory) -> Path:
                                  "data.calib_samples=64"])
     res = train(cfg, work / "run", **QUIET)
     return Path(export_bundle(res.checkpoint, work / "bundle", ExportOptions(
-        widths=[0.5, 1.0], samples=2, measure=False, max_eval=50), **QUIET))
+        widths=[0.5, 1.0], samples=2, scopes=("point", "head", "all"), measure=False,
+        max_eval=50), **QUIET))
 
 
 @pytest.fixture(scope="module")
