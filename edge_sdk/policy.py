@@ -175,6 +175,9 @@ class Policy:
         # the rule's order, computed once: the first configuration that fits is the choice
         self._ranked = sorted(self._configs, key=self.preference)
         self._need = {c.id: self.memory_need_mb(c) for c in self._configs}
+        # static per configuration: the prior plus the SDK overhead, looked up on every call
+        self._prior_e2e = {c.id: self.prior_latency_ms(c) + self.overhead_ms(c)
+                           for c in self._configs}
 
     @property
     def ranked(self) -> list[Configuration]:
@@ -199,7 +202,9 @@ class Policy:
         return self._overhead.get(c.id, 0.0)
 
     def _end_to_end_prior(self, c: Configuration, n: int = 1) -> float:
-        one = self.prior_latency_ms(c) + self.overhead_ms(c)
+        one = self._prior_e2e.get(c.id)
+        if one is None:
+            one = self.prior_latency_ms(c) + self.overhead_ms(c)
         if n == 1:
             return one
         m = self._measured.get(c.id)  # a batch never costs more than n single calls
@@ -299,48 +304,59 @@ class Policy:
         return (self.predicted_latency_ms(c), self.memory_need_mb(c), c.invokes)
 
     def decide(self, budget: Budget, n: int = 1, among: Sequence[Configuration] | None = None
-               ) -> tuple[Configuration, bool, str]:
-        """(configuration, fits, why) for a call of ``n`` samples; changes no state."""
+               ) -> tuple[Configuration, bool, Callable[[], str]]:
+        """(configuration, fits, why) for a call of ``n`` samples; changes no state. ``why``
+        builds the reason only when asked (strict errors, explain()): this runs every call."""
         pool = self._ranked if among is None else sorted(among, key=self.preference)
         now, limit, latency = self._clock(), self.memory_limit_mb(budget), budget.latency_ms
-        best = next((c for c in pool if self._fits(c, latency, limit, now, n=n)), None)
+        memo: dict[str, float] = {}
+
+        def pred(c: Configuration) -> float:  # each configuration's prediction once per call
+            v = memo.get(c.id)
+            if v is None:
+                v = memo[c.id] = self._predicted(c, now, n)
+            return v
+
+        def fits(c: Configuration, slack: float = 1.0) -> bool:
+            return self._mem_ok(c, limit) and (latency is None or pred(c) <= latency * slack)
+
+        best = next((c for c in pool if fits(c)), None)
         last = self._by_id.get(self._last) if self._last is not None else None
         if best is not None and last is not None and best.id != last.id and last in pool \
-                and self._fits(last, latency, limit, now, n=n):
+                and fits(last):
             # Hysteresis: the incumbent fits, and a better configuration replaces it only if
             # that one fits with `hysteresis` headroom; so a latency hovering at the budget
             # does not flap, and no configuration is ever kept beyond the budget.
             headroom, keep = 1 - self.hysteresis, self.preference(last)
             better = next((c for c in pool if c is last or (
-                self.preference(c) < keep and self._fits(c, latency, limit, now, headroom, n))),
-                last)
+                self.preference(c) < keep and fits(c, headroom))), last)
             if better is last and self.preference(best) < keep:
-                return last, True, (f"kept {last.id}: {best.id} ranks higher but does not fit "
-                                    f"with {self.hysteresis:.0%} headroom (hysteresis)")
+                higher = best
+                return last, True, lambda: (
+                    f"kept {last.id}: {higher.id} ranks higher but does not fit with "
+                    f"{self.hysteresis:.0%} headroom (hysteresis)")
             best = better
         if best is not None:
-            rank = pool.index(best) + 1
-            return best, True, (f"the best-ranked configuration that fits (quality rank {rank} "
-                                f"of {len(pool)})")
+            chosen = best
+            return best, True, lambda: (
+                f"the best-ranked configuration that fits (quality rank "
+                f"{pool.index(chosen) + 1} of {len(pool)})")
         in_memory = [c for c in pool if self._mem_ok(c, limit)]
         if in_memory:  # only the latency budget is out of reach: the fastest that fits memory
-            cheapest = min(in_memory, key=lambda c: (self._predicted(c, now, n),
-                                                     self.memory_need_mb(c), c.invokes))
-            over = self._predicted(cheapest, now, n) - latency
-            why = (f"no configuration fits latency {latency:g} ms end-to-end"
-                   + (f" for a batch of {n}" if n > 1 else "")
-                   + f" within the memory limit of {limit:.4g} MB"
-                   + f"; the fastest, {cheapest.id}, is predicted at "
-                   f"{self._predicted(cheapest, now, n):.4g} ms ({over:.4g} ms over)")
-        else:
-            cheapest = min(pool, key=lambda c: (self.memory_need_mb(c),
-                                                self._predicted(c, now, n), c.invokes))
-            need = self.memory_need_mb(cheapest)
-            why = (f"no configuration fits the memory limit of {limit:.4g} MB (memory budget "
-                   f"{_mb(budget.memory_mb)}, available {self.memory.available_mb():.0f} MB, "
-                   f"memory_cap_mb {_mb(self.memory_cap_mb)}); the smallest, {cheapest.id}, "
-                   f"needs {need:.4g} MB: {need - limit:.4g} MB short")
-        return cheapest, False, why
+            cheapest = min(in_memory, key=lambda c: (pred(c), self.memory_need_mb(c),
+                                                     c.invokes))
+            return cheapest, False, lambda: (
+                f"no configuration fits latency {latency:g} ms end-to-end"
+                + (f" for a batch of {n}" if n > 1 else "")
+                + f" within the memory limit of {limit:.4g} MB; the fastest, {cheapest.id}, is "
+                f"predicted at {pred(cheapest):.4g} ms ({pred(cheapest) - latency:.4g} ms over)")
+        small = min(pool, key=lambda c: (self.memory_need_mb(c), pred(c), c.invokes))
+        need = self.memory_need_mb(small)
+        return small, False, lambda: (
+            f"no configuration fits the memory limit of {limit:.4g} MB (memory budget "
+            f"{_mb(budget.memory_mb)}, available {self.memory.available_mb():.0f} MB, "
+            f"memory_cap_mb {_mb(self.memory_cap_mb)}); the smallest, {small.id}, needs "
+            f"{need:.4g} MB: {need - limit:.4g} MB short")
 
     def choose(self, budget: Budget, strict: bool = False,
                among: Sequence[Configuration] | None = None, n: int = 1
@@ -351,7 +367,7 @@ class Policy:
         if ok:
             self._last = c.id
         elif strict:
-            raise BudgetNotMetError(why)
+            raise BudgetNotMetError(why())
         return c, ok
 
     def check_pinned(self, c: Configuration, budget: Budget, n: int = 1) -> None:
@@ -377,7 +393,7 @@ class Policy:
     def preview(self, budget: Budget, n: int = 1) -> Plan:
         """What :meth:`plan` would do now, changing no state (explain())."""
         best, ok, why = self.decide(budget, n)
-        return self._stages(best, ok, budget, n, why)
+        return self._stages(best, ok, budget, n, why())
 
     def _stages(self, best: Configuration, ok: bool, budget: Budget, n: int,
                 why: str | None = None) -> Plan:
