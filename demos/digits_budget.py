@@ -91,7 +91,8 @@ def replay(bundle: Path, xs: np.ndarray, ys: np.ndarray, calls: int, threads: in
                 "step": step + i, "phase": name, "budget_latency_ms": budget.latency_ms,
                 "budget_memory_mb": budget.memory_mb, "config_id": pr.config_id,
                 "width": pr.width, "samples": pr.samples, "latency_ms": pr.latency_ms,
-                "invoke_ms": pr.invoke_ms, "budget_met": pr.budget_met, "correct": bool(pr.label == ys[j]),
+                "invoke_ms": pr.invoke_ms, "budget_met": pr.budget_met,
+                "correct": bool(pr.label == ys[j]),
                 "confidence": pr.confidence, "abstain": pr.abstain})
         step += calls
     return records

@@ -5,8 +5,8 @@ ties go to the larger width, then to fewer invokes. A configuration fits when it
 **end-to-end** latency (what the app waits for ``predict()``: input checks, normalisation,
 invokes, the answer's maths) is within the latency budget and its memory need is within the
 memory budget, the memory available right now and the runtime's ``memory_cap_mb``. Nothing fits:
-the cheapest configuration, flagged ``budget_met=False`` (or :class:`BudgetNotMetError` in strict
-mode, naming the shortfall).
+the fastest configuration that fits memory (else the smallest), flagged ``budget_met=False`` (or
+:class:`BudgetNotMetError` in strict mode, naming the shortfall in ms or MB).
 
 Predicted latency is an EWMA of end-to-end latencies measured on this device once there are any,
 else a prior plus the SDK's own overhead: the prior is the device profile's figure (a measured

@@ -124,7 +124,7 @@ def test_a_16_bit_png_is_scaled_by_its_bit_depth(spec, tmp_path):
     np.testing.assert_allclose(y, 32768 / 65535 * (hi - lo) + lo, rtol=1e-4)
 
 
-# --------------------------------------------------------------------------- strict, profile, explain
+# ------------------------------------------------------------- strict, profile, explain
 def test_strict_mode_exit_3_when_a_valid_budget_cannot_be_met(bundle, sample, capsys):
     assert run(bundle, "--input", sample, "--latency-ms", "1e-9", "--strict") == \
         EXIT_BUDGET_NOT_MET
