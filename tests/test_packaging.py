@@ -86,7 +86,7 @@ def test_device_wheel_requires_no_torch_and_litert_where_it_has_wheels(wheels):
     reqs = _requires(z)
     assert not {r.name for r in reqs} & TORCH_SIDE  # not even in an extra
     assert {r.name for r in reqs if not r.marker or "extra" not in str(r.marker)} == {
-        "numpy", "pyyaml", "psutil", "ai-edge-litert"}
+        "numpy", "pyyaml", "psutil", "flatbuffers", "ai-edge-litert"}
     (litert,) = [r for r in reqs if r.name == "ai-edge-litert"]
     assert str(litert.specifier) == "==2.3.0"
 

@@ -1,0 +1,391 @@
+"""The graph description: what a TFLite slice computes, as plain data (issue 20, "One lowering
+and one writer").
+
+The exporter lowers a model to a :class:`Graph`; :mod:`edge_sdk.tflite_writer` turns
+``(graph, weights)`` into ``.tflite`` bytes. The description holds ops, tensors with their
+shapes, and constants *by reference* (``Tensor.weight`` names an array in a separate
+``weights`` mapping), so it serialises to a few kilobytes of JSON or YAML
+(:meth:`Graph.to_dict` / :meth:`Graph.from_dict`) however large the weights are.
+
+Conventions (those of TFLite, which the writer copies verbatim):
+
+- activations are float32 NHWC; conv filters OHWI ``[C_out, kh, kw, C_in]``, depthwise filters
+  ``[1, kh, kw, C]``, fully connected weights ``[out, in]``;
+- ``batch_dim`` (0, or None for a fixed batch) is the dimension of every graph input and output
+  an interpreter may resize (written as -1 in their shape signatures, the manifest's
+  ``batch_dim``, docs/manifest.md "Batches"); ops that reshape must then use -1 for it;
+- int8 constants are symmetric per-channel quantized (:class:`Quantization`, zero points 0);
+- the int32 operands TFLite wants as tensors (RESHAPE's shape, PAD's paddings, MEAN's axes) are
+  options here; the writer makes the constants.
+
+No torch, no TFLite: numpy only. Shapes are checked by :func:`infer_shape`, the one place
+that knows each op's output shape; :meth:`Graph.validate` re-runs it on a loaded description.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from edge_sdk.errors import ConfigError
+
+GRAPH_VERSION = 1
+DTYPES = ("float32", "int8", "int32")
+ACTIVATIONS = (None, "relu", "relu6")
+PADDINGS = ("SAME", "VALID")
+# op -> the options it takes (and their defaults); an option not listed is refused
+OPS: dict[str, dict[str, Any]] = {
+    "CONV_2D": {"stride": 1, "padding": "VALID", "activation": None},
+    "DEPTHWISE_CONV_2D": {"stride": 1, "padding": "VALID", "activation": None},
+    "FULLY_CONNECTED": {"activation": None},
+    "ADD": {"activation": None},
+    "CONCATENATION": {"axis": -1, "activation": None},
+    "MAX_POOL_2D": {"size": 2, "stride": None, "padding": "VALID", "activation": None},
+    "AVERAGE_POOL_2D": {"size": 2, "stride": None, "padding": "VALID", "activation": None},
+    "MEAN": {"axes": [1, 2], "keep_dims": False},
+    "RESHAPE": {"shape": None},
+    "PAD": {"paddings": None},
+    "RELU": {}, "RELU6": {}, "DEQUANTIZE": {},
+    "SOFTMAX": {"beta": 1.0},
+}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Symmetric per-channel int8: ``real = q * scale[c]`` along ``axis`` (TFLite schema
+    ``QuantizationParameters``: scale, zero_point all 0, quantized_dimension)."""
+
+    scale: tuple[float, ...]
+    axis: int = 0
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    weight: str | None = None  # a constant: the key of its array in ``weights``
+    quant: Quantization | None = None
+
+
+@dataclass
+class Op:
+    op: str
+    inputs: list[str | None]  # None: an optional input left out (FULLY_CONNECTED's bias)
+    outputs: list[str]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Graph:
+    tensors: list[Tensor]
+    ops: list[Op]
+    inputs: list[str]
+    outputs: list[str]
+    batch_dim: int | None = 0
+    signature: str = "serving_default"
+    description: str = "edge-sdk"
+    version: int = GRAPH_VERSION
+
+    def tensor(self, name: str) -> Tensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise ConfigError(f"graph has no tensor {name!r}")
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """JSON/YAML-ready: lists, strings, numbers and None only."""
+        def tensor(t: Tensor) -> dict:
+            d = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+            if t.weight is not None:
+                d["weight"] = t.weight
+            if t.quant is not None:  # float32 -> Python float -> float32 is exact
+                d["quant"] = {"scale": [float(s) for s in t.quant.scale], "axis": t.quant.axis}
+            return d
+
+        return {"version": self.version, "signature": self.signature,
+                "description": self.description, "batch_dim": self.batch_dim,
+                "inputs": list(self.inputs), "outputs": list(self.outputs),
+                "tensors": [tensor(t) for t in self.tensors],
+                "ops": [{"op": o.op, "inputs": list(o.inputs), "outputs": list(o.outputs),
+                         "options": _plain(o.options)} for o in self.ops]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Graph":
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"a graph description is a mapping, got {type(d).__name__}")
+        if d.get("version") != GRAPH_VERSION:
+            raise ConfigError(f"graph description version {d.get('version')!r} is not "
+                              f"supported (this edge-sdk reads version {GRAPH_VERSION})")
+        try:
+            tensors = [Tensor(t["name"], tuple(int(s) for s in t["shape"]),
+                              t.get("dtype", "float32"), t.get("weight"),
+                              None if t.get("quant") is None else Quantization(
+                                  tuple(float(s) for s in t["quant"]["scale"]),
+                                  int(t["quant"].get("axis", 0))))
+                       for t in d["tensors"]]
+            ops = [Op(o["op"], list(o["inputs"]), list(o["outputs"]), dict(o.get("options", {})))
+                   for o in d["ops"]]
+            return cls(tensors, ops, list(d["inputs"]), list(d["outputs"]),
+                       d.get("batch_dim", 0), d.get("signature", "serving_default"),
+                       d.get("description", "edge-sdk"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"malformed graph description ({type(e).__name__}: {e}); expected "
+                              "the keys Graph.to_dict writes") from None
+
+    # ---- checks ----------------------------------------------------------------------------
+    def validate(self, weights: Mapping[str, np.ndarray] | None = None) -> None:
+        """Every reference resolves, every tensor is produced once, every op's output shape is
+        the one :func:`infer_shape` gives, and (with ``weights``) every constant's array has
+        the tensor's shape and dtype. Raises :class:`ConfigError` naming the first problem."""
+        by_name: dict[str, Tensor] = {}
+        for t in self.tensors:
+            if t.name in by_name:
+                raise ConfigError(f"tensor name {t.name!r} is used twice")
+            check_tensor(t)
+            by_name[t.name] = t
+        produced = {n for n, t in by_name.items() if t.weight is not None}
+        for n in self.inputs:
+            if n not in by_name or n in produced:
+                raise ConfigError(f"graph input {n!r} is not a non-constant tensor of the graph")
+            produced.add(n)
+        for o in self.ops:
+            where = f"{o.op} {o.outputs}"
+            ins = []
+            for n in o.inputs:
+                if n is not None and n not in produced:
+                    raise ConfigError(f"{where}: input {n!r} is not produced before it (or "
+                                      "not a tensor of the graph)")
+                ins.append(None if n is None else by_name[n])
+            if len(o.outputs) != 1 or o.outputs[0] not in by_name or o.outputs[0] in produced:
+                raise ConfigError(f"{where}: an op has one output, a tensor of the graph "
+                                  "produced nowhere else")
+            out = by_name[o.outputs[0]]
+            shape, dtype = infer_shape(o.op, ins, o.options, o.outputs[0])
+            if tuple(out.shape) != shape or out.dtype != dtype:
+                raise ConfigError(f"{where}: output recorded as {out.dtype} {list(out.shape)}, "
+                                  f"the op computes {dtype} {list(shape)}")
+            produced.add(o.outputs[0])
+        for n in self.outputs:
+            if n not in produced:
+                raise ConfigError(f"graph output {n!r} is not produced by any op or input")
+        if not self.inputs or not self.outputs:
+            raise ConfigError("a graph needs at least one input and one output")
+        if self.batch_dim not in (None, 0):
+            raise ConfigError(f"batch_dim must be 0 or None (fixed batch), got {self.batch_dim!r}")
+        if weights is not None:
+            for t in self.tensors:
+                if t.weight is not None:
+                    check_weight(t, weights)
+
+
+def _plain(v):
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def check_tensor(t: Tensor) -> None:
+    if t.dtype not in DTYPES:
+        raise ConfigError(f"tensor {t.name!r}: dtype {t.dtype} is not supported "
+                          f"(supported: {', '.join(DTYPES)})")
+    if any(not isinstance(d, (int, np.integer)) or d <= 0 for d in t.shape):
+        raise ConfigError(f"tensor {t.name!r}: shape {list(t.shape)} must be positive integers")
+    q = t.quant
+    if q is not None:
+        if t.dtype != "int8" or t.weight is None:
+            raise ConfigError(f"tensor {t.name!r}: only int8 constants carry quantization")
+        if not 0 <= q.axis < len(t.shape) or len(q.scale) != t.shape[q.axis]:
+            raise ConfigError(f"tensor {t.name!r}: {len(q.scale)} scales for axis {q.axis} of "
+                              f"shape {list(t.shape)} (one per channel expected)")
+        s = np.asarray(q.scale, np.float64)
+        if not (np.isfinite(s).all() and (s > 0).all()):
+            raise ConfigError(f"tensor {t.name!r}: quantization scales must be finite and > 0")
+
+
+def check_weight(t: Tensor, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The array constant ``t`` refers to, checked against its shape and dtype."""
+    if t.weight not in weights:
+        raise ConfigError(f"tensor {t.name!r} refers to weight {t.weight!r}, which the weights "
+                          "given do not hold")
+    a = np.asarray(weights[t.weight])
+    if a.shape != tuple(t.shape) or a.dtype != np.dtype(t.dtype):
+        raise ConfigError(f"weight {t.weight!r} is {a.dtype} {list(a.shape)}, tensor {t.name!r} "
+                          f"expects {t.dtype} {list(t.shape)}")
+    if t.quant is not None and (a == -128).any():  # symmetric grid: -128 is never used
+        raise ConfigError(f"weight {t.weight!r}: int8 value -128 is outside the symmetric range")
+    return a
+
+
+# ------------------------------------------------------------------------------ shapes
+def pair(v, what: str) -> tuple[int, int]:
+    """``2`` and ``[2, 2]`` -> (2, 2); anything else positive-int-pair-like or a ConfigError."""
+    p = (v, v) if isinstance(v, (int, np.integer)) else tuple(v) if v is not None else ()
+    if len(p) != 2 or not all(isinstance(x, (int, np.integer)) and x >= 1 for x in p):
+        raise ConfigError(f"{what} must be a positive int or [h, w], got {v!r}")
+    return int(p[0]), int(p[1])
+
+
+def window_hw(hw: Sequence[int], k: Sequence[int], stride: Sequence[int], padding: str,
+              what: str) -> tuple[int, int]:
+    """Output height and width of a conv or pool window (TFLite's SAME/VALID rules)."""
+    if padding not in PADDINGS:
+        raise ConfigError(f"{what}: padding must be SAME or VALID, got {padding!r}")
+    if padding == "SAME":
+        return tuple(-(-n // s) for n, s in zip(hw, stride))
+    if any(n < kk for n, kk in zip(hw, k)):
+        raise ConfigError(f"{what}: VALID window {list(k)} does not fit an input of size "
+                          f"{list(hw)}")
+    return tuple((n - kk) // s + 1 for n, kk, s in zip(hw, k, stride))
+
+
+def _need(t: Tensor | None, what: str, rank: int | None = None, dtype: str = "float32",
+          ) -> tuple[int, ...]:
+    if t is None:
+        raise ConfigError(f"{what} is missing")
+    if t.dtype != dtype:
+        raise ConfigError(f"{what} {t.name!r} must be {dtype}, got {t.dtype}")
+    if rank is not None and len(t.shape) != rank:
+        raise ConfigError(f"{what} {t.name!r} must have rank {rank}, got {list(t.shape)}")
+    return tuple(t.shape)
+
+
+def _filter(t: Tensor | None, what: str, rank: int, int8_ok: bool) -> tuple[int, ...]:
+    """A float32 filter, or (hybrid route) an int8 constant quantized per channel on axis 0."""
+    if t is not None and t.dtype == "int8" and int8_ok:
+        if t.quant is None or t.quant.axis != 0:
+            raise ConfigError(f"{what} {t.name!r}: an int8 filter needs per-channel "
+                              "quantization on axis 0")
+        return _need(t, what, rank, "int8")
+    return _need(t, what, rank)
+
+
+def _bias(t: Tensor | None, channels: int, what: str) -> None:
+    if t is not None and (t.dtype != "float32" or tuple(t.shape) != (channels,)):
+        raise ConfigError(f"{what} bias {t.name!r} must be float32 [{channels}], got "
+                          f"{t.dtype} {list(t.shape)}")
+
+
+def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any],
+                name: str = "?") -> tuple[tuple[int, ...], str]:
+    """(output shape, dtype) of ``op`` on ``ins``; a ConfigError naming the op otherwise."""
+    what = f"{op} {name!r}"
+    if op not in OPS:
+        raise ConfigError(f"{what}: unsupported op (supported: {', '.join(OPS)})")
+    unknown = set(options) - set(OPS[op])
+    if unknown:
+        raise ConfigError(f"{what}: unknown options {sorted(unknown)} (takes "
+                          f"{sorted(OPS[op]) or 'none'})")
+    opt = {**OPS[op], **options}
+    if opt.get("activation", None) not in ACTIVATIONS:
+        raise ConfigError(f"{what}: activation must be relu, relu6 or None, got "
+                          f"{opt['activation']!r}")
+    arity = {"FULLY_CONNECTED": (2, 3), "CONV_2D": (2, 3), "DEPTHWISE_CONV_2D": (2, 3),
+             "ADD": (2, 2), "CONCATENATION": (1, 64)}.get(op, (1, 1))
+    if not arity[0] <= len(ins) <= arity[1]:
+        raise ConfigError(f"{what}: takes {arity[0]}..{arity[1]} inputs, got {len(ins)}")
+    x = ins[0]
+    if op in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        n, h, w, c = _need(x, f"{what} input", 4)
+        dw = op == "DEPTHWISE_CONV_2D"
+        o, kh, kw, i = _filter(ins[1], f"{what} filter", 4, int8_ok=not dw)
+        if (dw and (o != 1 or i != c)) or (not dw and i != c):
+            raise ConfigError(f"{what}: filter {[o, kh, kw, i]} does not fit an input with {c} "
+                              f"channels (expected {[1, kh, kw, c] if dw else [o, kh, kw, c]})")
+        out_c = c if dw else o
+        _bias(ins[2] if len(ins) > 2 else None, out_c, what)
+        hw = window_hw((h, w), (kh, kw), pair(opt["stride"], f"{what} stride"), opt["padding"],
+                       what)
+        return (n, *hw, out_c), "float32"
+    if op == "FULLY_CONNECTED":
+        n, i = _need(x, f"{what} input", 2)
+        o, wi = _filter(ins[1], f"{what} weights", 2, int8_ok=True)
+        if wi != i:
+            raise ConfigError(f"{what}: weights take {wi} inputs, the input has {i}")
+        _bias(ins[2] if len(ins) > 2 else None, o, what)
+        return (n, o), "float32"
+    if op == "ADD":
+        a, b = _need(x, f"{what} input"), _need(ins[1], f"{what} input")
+        if a != b:  # no broadcasting: residual additions have equal shapes
+            raise ConfigError(f"{what}: ADD needs equal shapes, got {list(a)} and {list(b)}")
+        return a, "float32"
+    if op == "CONCATENATION":
+        shapes = [_need(t, f"{what} input") for t in ins]
+        rank = len(shapes[0])
+        axis = opt["axis"] % rank if -rank <= opt["axis"] < rank else None
+        if axis is None or any(len(s) != rank or s[:axis] + s[axis + 1:] !=
+                               shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes):
+            raise ConfigError(f"{what}: cannot concatenate {[list(s) for s in shapes]} on axis "
+                              f"{opt['axis']}")
+        return (*shapes[0][:axis], sum(s[axis] for s in shapes), *shapes[0][axis + 1:]), "float32"
+    if op in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
+        n, h, w, c = _need(x, f"{what} input", 4)
+        k = pair(opt["size"], f"{what} size")
+        s = pair(opt["stride"] if opt["stride"] is not None else opt["size"], f"{what} stride")
+        return (n, *window_hw((h, w), k, s, opt["padding"], what), c), "float32"
+    if op == "MEAN":
+        shape = _need(x, f"{what} input")
+        axes = {int(a) % len(shape) for a in opt["axes"] if -len(shape) <= int(a) < len(shape)}
+        if len(axes) != len(list(opt["axes"])) or not axes:
+            raise ConfigError(f"{what}: axes {opt['axes']} must be distinct dimensions of "
+                              f"{list(shape)}")
+        return tuple(1 if d in axes else s for d, s in enumerate(shape)
+                     if opt["keep_dims"] or d not in axes), "float32"
+    if op == "RESHAPE":
+        return _reshape(_need(x, f"{what} input"), opt["shape"], what), "float32"
+    if op == "PAD":
+        shape = _need(x, f"{what} input")
+        p = np.asarray(opt["paddings"] if opt["paddings"] is not None else [], dtype=np.int64)
+        if p.shape != (len(shape), 2) or (p < 0).any():
+            raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
+                              f"[before, after] pairs, got {opt['paddings']}")
+        return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
+    if op == "DEQUANTIZE":
+        if x is None or x.dtype != "int8" or x.quant is None:
+            raise ConfigError(f"{what}: the input must be a quantized int8 constant")
+        return tuple(x.shape), "float32"
+    return _need(x, f"{what} input"), "float32"  # RELU, RELU6, SOFTMAX
+
+
+def _reshape(old: tuple[int, ...], shape, what: str) -> tuple[int, ...]:
+    """One dimension may be -1 (inferred at every resize: how the batch stays resizable)."""
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise ConfigError(f"{what}: option shape must be a list of ints, got {shape!r}") from None
+    total = int(np.prod(old))
+    if shape.count(-1) > 1 or any(d == 0 or d < -1 for d in shape):
+        raise ConfigError(f"{what}: reshape to {list(shape)}: dimensions must be > 0, one may "
+                          "be -1")
+    known = int(np.prod([d for d in shape if d != -1]))
+    static = tuple(total // known if d == -1 else d for d in shape)
+    if total % known or int(np.prod(static)) != total:
+        raise ConfigError(f"{what}: cannot reshape {list(old)} to {list(shape)}")
+    return static
+
+
+def graph_stats(graph: Graph) -> dict:
+    """MACs per invoke and parameters counted from the graph (DESIGN: "MACs per slice, counted
+    from the graph"). CONV_2D: ``H_out W_out C_out kh kw C_in`` per batch element;
+    DEPTHWISE_CONV_2D: ``H_out W_out C kh kw``; FULLY_CONNECTED: ``in x out`` per row.
+    Parameters are the filter and bias elements of those ops (a CONV_2D without a bias counts
+    the zeros the writer gives it). Also counts ops by name, with the writer's additions."""
+    shapes = {t.name: tuple(t.shape) for t in graph.tensors}
+    macs = params = 0
+    ops: dict[str, int] = {}
+    for o in graph.ops:
+        ops[o.op] = ops.get(o.op, 0) + 1
+        if o.op not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+            continue
+        filt, out = shapes[o.inputs[1]], shapes[o.outputs[0]]
+        macs += int(np.prod(out[:-1])) * int(np.prod(filt))  # OHWI, [1,kh,kw,C], [out,in]
+        params += int(np.prod(filt))
+        if o.op != "FULLY_CONNECTED" or (len(o.inputs) > 2 and o.inputs[2] is not None):
+            params += out[-1]
+    return {"macs": macs, "params": params, "ops": ops}
