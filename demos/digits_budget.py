@@ -14,7 +14,7 @@
 
 Budgets are set relative to the latencies this process measures for each configuration in a
 short warm-up, so every phase means the same thing on a fast laptop and a slow CI runner.
-Wall time on a 2-core machine busy with other jobs: 9 min 22 s to 12 min 43 s for ``make demo``,
+Wall time on a 2-core machine busy with other jobs: 7 min 8 s to 12 min 43 s for ``make demo``,
 1 min 23 s to 2 min 26 s with ``--quick`` (README, Quick start, states the commands and the load).
 """
 from __future__ import annotations
@@ -361,8 +361,8 @@ def demo_main(argv: list[str]) -> int:
         prog="edge-sdk demo", description=__doc__.splitlines()[0],
         epilog="Writes <out>/{train,pwfn,bundle,report}/, trace.json and summary.md (the "
                "README's demo section, generated from trace.json). Wall time, measured on a "
-               "2-core machine busy with other jobs (load average 3.6-5): the full run 9 min "
-               "22 s to 12 min 43 s, --quick 1 min 23 s to 2 min 26 s; an idle machine is "
+               "2-core machine busy with other jobs (load average 3.4-5): the full run 7 min "
+               "8 s to 12 min 43 s, --quick 1 min 23 s to 2 min 26 s; an idle machine is "
                "faster (README, Quick start).")
     p.add_argument("--method", choices=["pwfn", "sqs", "none"], default="pwfn",
                    help="quantizer between training and export (default pwfn)")
