@@ -75,12 +75,18 @@ def export_main(argv: list[str]) -> int:
 
 def _one_line_calibration_warning(show):
     """A CalibrationWarning is advice about the user's data, not about our code: printed as one
-    ``warning: ...`` line without a source location; other warnings go to ``show``."""
+    ``warning: ...`` line without a source location, once per message (Python's own once-per-
+    location registry is reset whenever anything touches the warning filters, as tracing a
+    model with torch.fx does); other warnings go to ``show``."""
     from exporters.calibrate import CalibrationWarning
+
+    said: set[str] = set()
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, CalibrationWarning):
-            print(f"warning: {message}", file=sys.stderr)
+            if str(message) not in said:
+                said.add(str(message))
+                print(f"warning: {message}", file=sys.stderr)
         else:
             show(message, category, filename, lineno, file, line)
 

@@ -14,11 +14,12 @@ route writes it:
                         point slices: load() checks every slice's shapes against the manifest
 """
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
-from ai_edge_litert import schema_py_generated as schema
 
-from exporters.tflite import ChannelQuant, GraphBuilder, _AlignedBuilder, quantize_per_channel
+from edge_sdk import tflite_writer
+from exporters.tflite import ChannelQuant, GraphBuilder, quantize_per_channel
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,13 +38,11 @@ def _hybrid_fc(rng, x_shape, units: int, flatten: bool) -> tuple[bytes, bytes, o
     wt = g.add_const(q.values, "w", ChannelQuant(q.scale, 0))
     g.mark_output(g.fully_connected(inp, wt, g.add_const(b, "b"), name="fc"), "logits")
     v12 = g.finish()
-    m = schema.ModelT.InitFromPackedBuf(v12, 0)
-    fc = [i for i, oc in enumerate(m.operatorCodes) if oc.version == 12]
-    assert len(fc) == 1
-    m.operatorCodes[fc[0]].version = 3
-    builder = _AlignedBuilder(len(v12) + 4096)
-    builder.Finish(m.Pack(builder), file_identifier=b"TFL3")
-    return v12, bytes(builder.Output()), (q, b)
+    # the same graph with FULLY_CONNECTED marked version 3, as older writers did
+    with mock.patch.object(tflite_writer, "_version",
+                           lambda op, ins: 3 if op == "FULLY_CONNECTED" else 1):
+        v3 = g.finish()
+    return v12, v3, (q, b)
 
 
 def main() -> None:

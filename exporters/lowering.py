@@ -1,0 +1,323 @@
+"""Lower a truncated nested model's ``torch.fx`` graph to a graph description (issue 20, "One
+lowering and one writer").
+
+The model is traced with :func:`torch.fx` (each :class:`trainer.layers.BayesNestedLayer` is one
+leaf: its sampling and masking branches are not traced), and every node becomes TFLite ops in an
+:class:`edge_sdk.graph_build.GraphBuilder`: nothing here knows a model class, so any network
+built from the supported nodes exports. Activations are NCHW in torch and NHWC in the graph;
+a value flattened from a spatial map carries the (H, W, C) it came from, so the fully connected
+layer reading it permutes its weight columns from torch's (C, H, W) order.
+
+Supported nodes: Bayesian conv (plain and depthwise) and linear layers (weights folded and routed
+by :func:`exporters.weights.prepare_weights`); ``+`` / ``torch.add``; ``torch.cat``; max and
+average pooling (square, no padding, floor mode); global average pooling
+(``adaptive_avg_pool2d(x, 1)``, ``mean`` over H and W); ``flatten`` from dimension 1; ReLU and
+ReLU6 (modules, functions and methods); ``nn.Identity`` and ``nn.Dropout`` (eval: identity).
+Anything else is a :class:`ConfigError` naming the fx node.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from edge_sdk.errors import ConfigError
+from edge_sdk.graph_build import GraphBuilder
+from exporters.weights import LayerWeights
+from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
+
+__all__ = ["lower"]
+
+
+class _Tracer(fx.Tracer):
+    """Bayesian layers are leaves: one node each, lowered from their folded weights."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, BayesNestedLayer) or super().is_leaf_module(m, qualname)
+
+
+@dataclass
+class _V:
+    """A lowered value: its graph tensor and, for a 2-D value flattened from a spatial map,
+    the NHWC ``(H, W, C)`` it was flattened from (None: columns in torch's order)."""
+
+    name: str
+    flat_from: tuple[int, int, int] | None = None
+
+
+_ADD = {operator.add, torch.add, operator.iadd}
+_CAT = {torch.cat, torch.concat}
+_RELU = {F.relu: "RELU", torch.relu: "RELU", F.relu6: "RELU6", "relu": "RELU",
+         "relu_": "RELU"}
+_FLATTEN = {torch.flatten, "flatten"}
+
+
+class _Lowering:
+    def __init__(self, model: nn.Module, weights: dict[str, LayerWeights], g: GraphBuilder):
+        self.model, self.weights, self.g = model, weights, g
+        self.modules = dict(model.named_modules())
+        self.records: list[dict] = []
+        self.env: dict[fx.Node, _V] = {}
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def fail(self, node: fx.Node, why: str) -> ConfigError:
+        target = node.target if isinstance(node.target, str) else \
+            getattr(node.target, "__name__", repr(node.target))
+        return ConfigError(f"fx node {node.name!r} ({node.op} {target}): {why}")
+
+    def arg(self, node: fx.Node, i: int = 0, rank: int | None = None) -> _V:
+        a = node.args[i] if i < len(node.args) else None
+        if not isinstance(a, fx.Node) or a not in self.env:
+            raise self.fail(node, f"argument {i} must be a tensor computed by the graph")
+        v = self.env[a]
+        if rank is not None and len(self.g.shape(v.name)) != rank:
+            raise self.fail(node, f"expects a rank-{rank} input, got shape "
+                                  f"{list(self.g.shape(v.name))} (NHWC)")
+        return v
+
+    def option(self, node: fx.Node, i: int, key: str, default: Any) -> Any:
+        if i < len(node.args):
+            return node.args[i]
+        return node.kwargs.get(key, default)
+
+    def nhwc_dim(self, node: fx.Node, v: _V, dim: int) -> int:
+        """A torch (NCHW) dimension as the graph's (NHWC) one."""
+        rank = len(self.g.shape(v.name))
+        if not -rank <= dim < rank:
+            raise self.fail(node, f"dimension {dim} is out of range for rank {rank}")
+        dim %= rank
+        return dim if rank != 4 else (0, 3, 1, 2)[dim]
+
+    # ---- the walk --------------------------------------------------------------------------
+    def run(self, input_name: str) -> str:
+        graph = _Tracer().trace(self.model)
+        out = None
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                if any(n.op == "placeholder" for n in self.env):
+                    raise self.fail(node, "the model must take exactly one input")
+                self.env[node] = _V(input_name)
+            elif node.op == "output":
+                res = node.args[0]
+                if not isinstance(res, fx.Node):
+                    raise self.fail(node, "the model must return one tensor (logits)")
+                out = self.env[res]
+            elif node.op == "call_module":
+                self.env[node] = self.call_module(node, self.modules[node.target])
+            elif node.op in ("call_function", "call_method"):
+                self.env[node] = self.call(node, node.target)
+            else:
+                raise self.fail(node, "unsupported node (a parameter or buffer read in "
+                                      "forward cannot be lowered)")
+        if out is None or len(self.g.shape(out.name)) != 2 or out.flat_from is not None:
+            raise ConfigError("the model must return [N, classes] logits (after a linear layer)")
+        return out.name
+
+    def call_module(self, node: fx.Node, m: nn.Module) -> _V:
+        if isinstance(m, BayesNestedConv2d):
+            return _V(self.conv(node, self.arg(node, 0, 4).name, m))
+        if isinstance(m, BayesNestedLinear):
+            return _V(self.linear(node, self.arg(node), m))
+        if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
+            if isinstance(m, nn.AvgPool2d) and m.divisor_override is not None:
+                raise self.fail(node, "AvgPool2d with divisor_override is not supported")
+            return self.pool(node, isinstance(m, nn.MaxPool2d), m.kernel_size,
+                             m.stride or m.kernel_size, m.padding, getattr(m, "dilation", 1),
+                             m.ceil_mode)
+        if isinstance(m, (nn.ReLU, nn.ReLU6)):
+            op = "RELU" if isinstance(m, nn.ReLU) else "RELU6"
+            return _V(self.g.op(op, [self.arg(node).name], self.name(node)),
+                      self.arg(node).flat_from)
+        if isinstance(m, nn.AdaptiveAvgPool2d):
+            return self.global_pool(node, m.output_size)
+        if isinstance(m, nn.Flatten):
+            if (m.start_dim, m.end_dim) != (1, -1):
+                raise self.fail(node, f"only Flatten(1, -1) is supported, got {m}")
+            return self.flatten(node)
+        if isinstance(m, (nn.Identity, nn.Dropout)):  # eval mode: identity
+            return self.arg(node)
+        raise self.fail(node, f"unsupported module {type(m).__name__} (supported: Bayesian "
+                              "conv/linear, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d(1), ReLU, "
+                              "ReLU6, Flatten, Identity, Dropout)")
+
+    def call(self, node: fx.Node, fn: Callable | str) -> _V:
+        if fn in _ADD:
+            a, b = self.arg(node, 0), self.arg(node, 1)
+            if node.kwargs.get("alpha", 1) != 1 or a.flat_from != b.flat_from:
+                raise self.fail(node, "only a plain sum of two same-layout tensors is supported")
+            if self.g.shape(a.name) != self.g.shape(b.name):
+                raise self.fail(node, f"adds {list(self.g.shape(a.name))} and "
+                                      f"{list(self.g.shape(b.name))}: ADD needs equal shapes")
+            return _V(self.g.add(a.name, b.name, name=self.name(node)), a.flat_from)
+        if fn in _CAT:
+            return self.cat(node)
+        if fn in _RELU or fn is F.hardtanh and node.args[1:3] == (0.0, 6.0):
+            op = _RELU.get(fn, "RELU6")
+            return _V(self.g.op(op, [self.arg(node).name], self.name(node)),
+                      self.arg(node).flat_from)
+        if fn in _FLATTEN:
+            if self.option(node, 1, "start_dim", 0) != 1 or \
+                    self.option(node, 2, "end_dim", -1) != -1:
+                raise self.fail(node, "only flatten(x, 1) is supported")
+            return self.flatten(node)
+        if fn is F.adaptive_avg_pool2d:
+            return self.global_pool(node, self.option(node, 1, "output_size", None))
+        if fn in (F.max_pool2d, F.avg_pool2d):
+            k = self.option(node, 1, "kernel_size", None)
+            stride = self.option(node, 2, "stride", None) or k
+            pad = self.option(node, 3, "padding", 0)
+            if fn is F.max_pool2d:
+                return self.pool(node, True, k, stride, pad, self.option(node, 4, "dilation", 1),
+                                 self.option(node, 5, "ceil_mode", False))
+            return self.pool(node, False, k, stride, pad, 1,
+                             self.option(node, 4, "ceil_mode", False))
+        if fn in (torch.mean, "mean"):
+            dims = self.option(node, 1, "dim", None)
+            dims = sorted(d % 4 for d in ((dims,) if isinstance(dims, int) else dims or ()))
+            if dims != [2, 3] or len(self.g.shape(self.arg(node).name)) != 4:
+                raise self.fail(node, "only the mean over H and W of an NCHW map is supported")
+            return self.global_pool(node, 1, self.option(node, 2, "keepdim", False))
+        name = fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
+        raise self.fail(node, f"unsupported {'method' if isinstance(fn, str) else 'function'} "
+                              f"{name}")
+
+    def name(self, node: fx.Node) -> str:
+        target = node.target if isinstance(node.target, str) and node.op == "call_module" \
+            else node.name
+        return self.g.unique(target)
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def _weight(self, node: fx.Node, layer: BayesNestedLayer,
+                to_tflite: Callable[[np.ndarray], np.ndarray], axis: int) -> tuple[str, str]:
+        name = node.target
+        lw = self.weights.get(name)
+        if lw is None:
+            raise self.fail(node, "no prepared weights for this layer")
+        if lw.quant is None:
+            wt = self.g.add_const(to_tflite(lw.weight), f"{name}/weight")
+        else:
+            # per-channel int8: quantized dimension 0 for CONV_2D / FULLY_CONNECTED filters,
+            # 3 for DEPTHWISE_CONV_2D ([1, kh, kw, C])
+            q = self.g.add_const(to_tflite(lw.quant.values), f"{name}/weight_int8",
+                                 _Quant(lw.quant.scale, axis))
+            # hybrid: the int8 filter goes straight into CONV_2D / FULLY_CONNECTED (the kernel
+            # quantizes activations per invoke); otherwise DEQUANTIZE -> float op (exact)
+            wt = q if lw.route == "hybrid" else self.g.dequantize(q, f"{name}/weight")
+        bt = self.g.add_const(lw.bias, f"{name}/bias")
+        # how far the int8 grid moved the folded weights (0 when exact or on the float route)
+        err = float(np.abs(lw.effective() - lw.weight).max()
+                    / max(np.abs(lw.weight).max(), 1e-30))
+        self.records.append({"layer": name, "shape": list(self.g.shape(wt)), "route": lw.route,
+                             "exact": lw.exact, "max_rel_error": err})
+        return wt, bt
+
+    def conv(self, node: fx.Node, x: str, layer: BayesNestedConv2d) -> str:
+        channels = self.g.shape(x)[-1]
+        if channels != layer.in_channels:
+            raise self.fail(node, f"{node.target} expects {layer.in_channels} input channels, "
+                                  f"the graph has {channels}")
+        k, s, p = layer.kernel_size, layer.stride, layer.padding
+        name = node.target
+        if p == 0:
+            padding = "VALID"
+        elif s == 1 and 2 * p == k - 1:
+            padding = "SAME"  # stride 1, odd k: TFLite pads (k-1)/2 on both sides, as torch does
+        else:
+            # (issue) TFLite SAME at stride 2 pads asymmetrically (the extra row goes at the
+            # bottom/right), torch pads p on both sides: a silent ~3 % logit error. PAD + VALID.
+            x = self.g.pad(x, [(0, 0), (p, p), (p, p), (0, 0)], name=f"{name}/pad")
+            padding = "VALID"
+        if layer.depthwise:
+            wt, bt = self._weight(node, layer, lambda w: w.transpose(1, 2, 3, 0), 3)
+            return self.g.depthwise_conv2d(x, wt, bt, stride=s, padding=padding,
+                                           activation=layer.activation, name=name)
+        wt, bt = self._weight(node, layer, lambda w: w.transpose(0, 2, 3, 1), 0)  # OIHW->OHWI
+        return self.g.conv2d(x, wt, bt, stride=s, padding=padding, activation=layer.activation,
+                             name=name)
+
+    def linear(self, node: fx.Node, x: _V, layer: BayesNestedLinear) -> str:
+        shape = self.g.shape(x.name)
+        h, w, _ = x.flat_from or (1, 1, None)
+        if len(shape) != 2 or shape[1] != layer.in_features or layer.input_spatial != h * w:
+            raise self.fail(node, f"{node.target} expects {layer.in_features} inputs flattened "
+                                  f"from {layer.input_spatial} positions; the graph has "
+                                  f"{list(shape)} from {h}x{w}")
+
+        def to_tflite(m: np.ndarray) -> np.ndarray:
+            # torch flattened (C, H, W); NHWC flattens (H, W, C): permute the columns.
+            o = m.shape[0]
+            return m.reshape(o, -1, h, w).transpose(0, 2, 3, 1).reshape(o, -1)
+
+        wt, bt = self._weight(node, layer, to_tflite, 0)
+        return self.g.fully_connected(x.name, wt, bt, activation=layer.activation,
+                                      name=node.target)
+
+    def pool(self, node: fx.Node, is_max: bool, k, stride, padding, dilation, ceil) -> _V:
+        k, stride = _square(k), _square(stride)
+        if None in (k, stride) or _square(padding) != 0 or _square(dilation) != 1 or ceil:
+            raise self.fail(node, "only square pooling without padding, dilation or ceil_mode "
+                                  "is supported")
+        x = self.arg(node, 0, 4).name
+        # torch floors the output size; TFLite VALID gives (H - k) // s + 1, the same.
+        op = self.g.max_pool2d if is_max else self.g.average_pool2d
+        return _V(op(x, k, stride, "VALID", name=self.name(node)))
+
+    def global_pool(self, node: fx.Node, size, keep_dims: bool = True) -> _V:
+        if _square(size) != 1:
+            raise self.fail(node, f"only global pooling (output size 1) is supported, got {size}")
+        x = self.arg(node, 0, 4).name
+        users = list(node.users)
+        # pooled then flattened (the usual classifier input): one MEAN without the 1x1 dims
+        flat = len(users) == 1 and (users[0].target in _FLATTEN or isinstance(
+            self.modules.get(users[0].target), nn.Flatten))
+        out = self.g.mean(x, (1, 2), keep_dims=keep_dims and not flat, name=self.name(node))
+        return _V(out)
+
+    def flatten(self, node: fx.Node) -> _V:
+        x = self.arg(node)
+        shape = self.g.shape(x.name)
+        if len(shape) == 2:
+            return x  # already [N, features] (e.g. a global pool's MEAN)
+        if len(shape) != 4:
+            raise self.fail(node, f"cannot flatten a rank-{len(shape)} value")
+        _, h, w, c = shape
+        # -1, not the batch: the interpreter can then be resized to [N, H, W, C] (batch predict)
+        out = self.g.reshape(x.name, (-1, h * w * c), name=self.name(node))
+        return _V(out, None if h * w == 1 else (h, w, c))
+
+    def cat(self, node: fx.Node) -> _V:
+        xs = node.args[0] if node.args else node.kwargs.get("tensors")
+        if not isinstance(xs, (list, tuple)) or not all(isinstance(a, fx.Node) for a in xs):
+            raise self.fail(node, "torch.cat needs a list of tensors computed by the graph")
+        vs = [self.env[a] for a in xs]
+        if any(v.flat_from is not None for v in vs):
+            raise self.fail(node, "cannot concatenate values flattened from a spatial map")
+        axis = self.nhwc_dim(node, vs[0], self.option(node, 1, "dim", 0))
+        return _V(self.g.concatenation([v.name for v in vs], axis, name=self.name(node)))
+
+
+@dataclass(frozen=True)
+class _Quant:
+    scale: np.ndarray
+    axis: int
+
+
+def _square(v) -> int | None:
+    """``2`` and ``(2, 2)`` -> 2; a non-square pair -> None."""
+    if isinstance(v, (tuple, list)):
+        return v[0] if len(set(v)) == 1 else None
+    return v
+
+
+def lower(model: nn.Module, g: GraphBuilder, x: str,
+          weights: dict[str, LayerWeights]) -> tuple[str, list[dict]]:
+    """Lower ``model`` (truncated, eval) into ``g`` reading the graph input ``x``; returns the
+    logits tensor's name and, per Bayesian layer, how its weights were written (shape, route,
+    exactness, the int8 grid's largest relative move)."""
+    lowering = _Lowering(model, weights, g)
+    return lowering.run(x), lowering.records
