@@ -200,8 +200,8 @@ def write_tflite(graph: Graph, weights: Mapping[str, np.ndarray]) -> bytes:
     for i, t in enumerate(tensors):
         if t.data is None:
             continue
-        raw = np.frombuffer(np.ascontiguousarray(t.data).astype(t.data.dtype.newbyteorder("<"))
-                            .tobytes(), np.uint8)  # one copy (a list packs byte by byte)
+        # little-endian bytes viewed as uint8, copied only if needed (a list packs byte by byte)
+        raw = np.ascontiguousarray(t.data, t.data.dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
         b.Prep(_ALIGN, raw.nbytes)  # the vector's first byte lands on a 16-byte boundary
         data = b.CreateNumpyVector(raw)
         b.StartObject(1)
