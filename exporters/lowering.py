@@ -198,6 +198,8 @@ class _Lowering:
         lw = self.weights.get(name)
         if lw is None:
             raise self.fail(node, "no prepared weights for this layer")
+        if f"{name}/bias" in self.g.tensors:
+            raise self.fail(node, "the layer is called twice (shared weights): not supported")
         if lw.quant is None:
             wt = self.g.add_const(to_tflite(lw.weight), f"{name}/weight")
         else:

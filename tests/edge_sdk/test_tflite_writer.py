@@ -1,6 +1,7 @@
 """The graph description and the torch-free TFLite writer (issue 20): every op on small hand-made
 graphs, run in LiteRT, against a numpy reference; int8 routes; the resizable batch; the
-description's JSON/YAML round trip; typed errors; imports with torch blocked. No torch here."""
+description's JSON/YAML round trip; typed errors; imports with torch blocked. No torch here, and
+no LiteRT needed (runs on the EDGE_SDK_BACKEND chosen)."""
 from __future__ import annotations
 
 import json
@@ -12,12 +13,15 @@ import numpy as np
 import pytest
 import yaml
 
+from edge_sdk.backends import interpreter_class
 from edge_sdk.errors import ConfigError
 from edge_sdk.graph import Graph, Quantization, graph_stats
 from edge_sdk.graph_build import GraphBuilder
 from edge_sdk.tflite_writer import BUILTIN_CODES, OPTIONS_TYPES, TENSOR_TYPES, write_tflite
 
-Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
+# the backend the device tests run on (LiteRT, or tflite-runtime 2.14 in CI's device venv): a
+# device materialising slices with this writer runs them there
+Interpreter = interpreter_class()[0]
 RNG = np.random.default_rng(0)
 
 
@@ -210,7 +214,8 @@ def test_resizable_batch_n_rows_equal_n_single_invokes():
     it.invoke()
     batched = it.get_tensor(it.get_output_details()[0]["index"])
     singles = np.concatenate([run(buf, input=x[None])["logits"] for x in xs])
-    assert batched.shape == (4, 5) and np.abs(batched - singles).max() <= 1e-5
+    assert batched.shape == (4, 5)
+    assert np.abs(batched - singles).max() <= 1e-5 * max(1.0, np.abs(singles).max())
     fixed, _ = _small_net().graph(resizable_batch=False)
     assert read_io(write_tflite(fixed, weights))[0][0].shape_signature is None
 

@@ -160,6 +160,7 @@ class _Bad(nn.Module):
         super().__init__()
         self.what = what
         self.conv = BayesNestedConv2d(3, 8, 3)
+        self.conv8 = BayesNestedConv2d(8, 8, 3)
         self.act = nn.GELU()
         self.pool = nn.MaxPool2d(3, padding=1)
         self.fc = BayesNestedLinear(8, 10, activation=None)
@@ -174,6 +175,8 @@ class _Bad(nn.Module):
             y = self.pool(y)
         elif self.what == "method":
             return self.fc(y.sum(-1).sum(-1))
+        elif self.what == "shared":
+            y = self.conv8(self.conv8(y))
         return self.fc(y.mean((2, 3)))
 
 
@@ -182,6 +185,7 @@ class _Bad(nn.Module):
     ("module", r"fx node 'act' \(call_module act\): unsupported module GELU"),
     ("padding", r"fx node 'pool' \(call_module pool\): only square pooling without padding"),
     ("method", r"fx node 'sum_1' \(call_method sum\): unsupported method sum"),
+    ("shared", r"fx node 'conv8_1' \(call_module conv8\): the layer is called twice"),
 ])
 def test_an_unsupported_node_names_itself(what, match):
     with pytest.raises(ConfigError, match=match):
