@@ -116,6 +116,7 @@ class EdgeModel(Executor):
         self._local = threading.local()
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         self._batchable: dict[str, bool] = {}
+        self._pinned_stages: dict[str, Stage] = {}  # config_id -> its one-stage plan
         self._recorder: TraceRecorder | None = None
 
     def _priors(self, profile) -> tuple[DeviceProfile | None, str, dict[str, float]]:
@@ -289,11 +290,13 @@ class EdgeModel(Executor):
         return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
 
     def _pinned(self, config_id, budget: Budget, n: int) -> Stage:
-        c = self._config(config_id)
+        stage = self._pinned_stages.get(config_id) if type(config_id) is str else None
+        if stage is None:
+            stage = self._pinned_stages[config_id] = Stage(self._config(config_id), None, 0.0)
         if self.strict:
             with self._lock:
-                self.policy.check_pinned(c, budget, n)
-        return Stage(c, None, 0.0)
+                self.policy.check_pinned(stage.config, budget, n)
+        return stage
 
     def _prepare(self, x, what: str = "x") -> np.ndarray:
         """One sample checked and normalised, ``[1, H, W, C]`` float32 (benchmarks, tests)."""
