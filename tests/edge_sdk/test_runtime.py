@@ -547,19 +547,16 @@ def test_cascade_escalates_only_while_the_latency_budget_has_room(forced, manife
     """Each invoke measures 1 ms (fake clock) and the thresholds always abstain. A budget that
     just fits the cheapest full-width configuration leaves no room after the narrow run (1 ms +
     its prediction > budget): the narrow answer stands. A roomy budget escalates."""
-    def fresh():
-        return edge_sdk.load(forced, memory_reader=lambda: PLENTY_MB)
-
-    pred = fresh().policy.predicted_latency_ms
-    # 10 % over: each load measures the SDK's overhead afresh, so predictions differ a little
-    tight = 1.1 * min(pred(c) for c in manifest.configurations if c.width == 1.0)
-    roomy = 1.0 + max(pred(c) for c in manifest.configurations) + 1.0
-    for budget, rung, spent in [(tight, narrowest, 1.0), (roomy, widest, 2.0)]:
-        best = fresh().policy.choose(Budget(latency_ms=budget))[0]
-        assert best.width == 1.0, "the best fitting configuration should be full width"
-        low, high = cascade_ladder(manifest, best.id)
+    for kind, rung, spent in [("tight", narrowest, 1.0), ("roomy", widest, 2.0)]:
+        # one model for the budget and the call: each load measures the SDK's overhead afresh
         m = invoke_clock(edge_sdk.load(forced, target_accuracy=0.99, policy="cascade",
                                       memory_reader=lambda: PLENTY_MB), 1.0)
+        pred = m.policy.predicted_latency_ms
+        budget = min(pred(c) for c in manifest.configurations if c.width == 1.0) \
+            if kind == "tight" else 1.0 + max(pred(c) for c in manifest.configurations) + 1.0
+        best = m.policy.decide(Budget(latency_ms=budget))[0]
+        assert best.width == 1.0, "the best fitting configuration should be full width"
+        low, high = cascade_ladder(manifest, best.id)
         p = m.predict(xs[0], budget=Budget(latency_ms=budget))
         assert p.config_id == rung([low, high]).id, budget
         assert p.latency_ms == pytest.approx(spent) and p.abstain
