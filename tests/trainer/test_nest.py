@@ -1,0 +1,256 @@
+"""trainer.nest (issue 20, "Bring your own network"): a user's plain CNN becomes a nested Bayesian
+network under BN³'s rules; each rule is checked here, export equality in
+tests/exporters/test_nest_export.py."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_sdk.errors import ConfigError
+from support import randomise
+from trainer.models.plain import ResNet20Cifar
+from trainer.nest import nest, pick_groups
+
+torchvision = pytest.importorskip("torchvision")
+torch.set_num_threads(1)
+WIDTHS = [0.25, 0.5, 1.0]
+
+
+def user_cnn(classes=10):
+    """A user-style nn.Sequential CNN for 8x8 grey inputs: biases before BN and without BN."""
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(inplace=True),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Conv2d(64, 48, 1), nn.ReLU(), nn.Flatten(),
+        nn.Linear(48 * 16, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, classes))
+
+
+def pretrained(module, seed=0):
+    """Random BN affine and running statistics and conv biases: a "trained" module."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.2)
+            elif isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None:
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
+    return module.double().eval()
+
+
+def L(body, name):
+    return body.get_submodule(name)
+
+
+NETS = {
+    "sequential": (user_cnn, (1, 8, 8)),
+    "resnet20": (ResNet20Cifar, (3, 32, 32)),
+    "mobilenet_v2": (lambda: torchvision.models.mobilenet_v2(num_classes=10), (3, 32, 32)),
+}
+
+
+@pytest.mark.parametrize("name", NETS)
+def test_pretrained_weights_survive_as_posterior_means(name):
+    make, shape = NETS[name]
+    torch.manual_seed(0)
+    plain = pretrained(make())
+    model = nest(plain).double().eval()
+    x = torch.randn(3, *shape, dtype=torch.float64)
+    # the rescale at 1: the plain 0/1 mask at full width (ordering off), mean weights
+    with torch.no_grad(), model.width(1.0, scaled=False), model.weight_mode("mean"):
+        got = model(x)
+    with torch.no_grad():
+        want = plain(x)
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
+    # ... and the rescale is really there otherwise: nested layers exist and change the output
+    randomise(model, 3)
+    with torch.no_grad(), model.weight_mode("mean"):
+        assert float((model(x) - want).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("name", NETS)
+@pytest.mark.parametrize("residual", ["inner", "stage"])
+def test_truncation_computes_what_the_masked_network_computes(name, residual):
+    make, shape = NETS[name]
+    torch.manual_seed(0)
+    kw = {"residual": residual, "nest_stem": residual == "stage"}
+    model = nest(make(), **kw).double().eval()
+    randomise(model, 1)
+    x = torch.randn(2, *shape, dtype=torch.float64)
+    for w in WIDTHS:
+        with torch.no_grad(), model.width(w):
+            masked = model(x)
+        with torch.no_grad():
+            cut = model.truncate(w).eval()(x)
+        assert float((masked - cut).abs().max() / masked.abs().max()) <= 1e-10
+
+
+def test_stage_mode_shares_one_unit_per_stream_and_truncates_summed_layers_identically():
+    model = nest(ResNet20Cifar(), residual="stage", nest_stem=True)
+    body = model.body
+    stage2 = [L(body, "layers.3.conv2"), L(body, "layers.3.shortcut.0"), L(body, "layers.4.conv2"),
+              L(body, "layers.5.conv2")]
+    assert all(m.ordering is stage2[0].ordering for m in stage2)
+    assert body.conv1.ordering is L(body, "layers.0.conv2").ordering  # the nested stem joins stage 1
+    assert L(body, "layers.3.conv1").ordering is not stage2[0].ordering  # inside a block: its own
+    for w in WIDTHS:
+        cut = model.truncate(w).body
+        outs = {L(cut, "layers.3.conv2").out_channels, L(cut, "layers.3.shortcut.0").out_channels,
+                L(cut, "layers.4.conv2").out_channels, L(cut, "layers.5.conv2").out_channels}
+        assert outs == {int(32 * w)}
+    # without a nested stem, stage 1's stream carries the stem: it stays full width
+    model = nest(ResNet20Cifar(), residual="stage")
+    assert L(model.body, "layers.0.conv2").ordering is None
+    assert L(model.body, "layers.3.conv2").ordering is not None
+
+
+def test_inner_mode_keeps_the_residual_stream_full_width():
+    model = nest(ResNet20Cifar())
+    body = model.body
+    for i in range(9):
+        assert L(body, f"layers.{i}.conv1").ordering is not None
+        assert L(body, f"layers.{i}.conv2").ordering is None
+    assert L(body, "layers.3.shortcut.0").ordering is None and body.fc.ordering is None
+    assert body.conv1.ordering is None  # the stem (nest_stem=False)
+    assert nest(ResNet20Cifar(), nest_stem=True).body.conv1.ordering is None  # on the stream
+
+
+def test_groups_are_a_maximum_with_multiples_of_four_and_listed_in_the_summary(capsys):
+    model = nest(ResNet20Cifar(), verbose=True)
+    printed = capsys.readouterr().out
+    assert "layers.0.conv1" in printed and "groups" in printed
+    groups = {r["layer"]: r["groups"] for r in model.nest_summary}
+    assert groups["layers.0.conv1"] == 4 and groups["layers.3.conv1"] == 8  # 16 ch: 16 // 4
+    assert groups["layers.0.conv2"] == 0  # full width (residual stream)
+    mb = nest(torchvision.models.mobilenet_v2(num_classes=10))
+    g = {r["layer"]: r["groups"] for r in mb.nest_summary}
+    assert g["features.3.conv.0.0"] == 6  # 144 channels: 8 groups would hold 18 (not 4k)
+    for layer in mb.nested_layers():
+        assert (layer.out_channels // layer.ordering.groups) % 4 == 0
+    assert [pick_groups(c, 8) for c in (16, 24, 144, 64, 12)] == [4, 6, 6, 8, 3]
+    with pytest.raises(ConfigError, match="fx node 'l1'.*multiple of 4"):
+        nest(_Six())
+
+
+class _Six(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l0 = nn.Conv2d(1, 8, 3)
+        self.l1 = nn.Conv2d(8, 6, 3)
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.l1(F.relu(self.l0(x)))).mean((2, 3)))
+
+
+def test_depthwise_follows_its_input_unit_and_relu6_folds_forward():
+    mb = nest(torchvision.models.mobilenet_v2(num_classes=10))
+    expand, dw, project = (L(mb.body, f"features.3.conv.{i}") for i in ("0.0", "1.0", "2"))
+    assert dw.depthwise and dw.ordering is expand.ordering
+    assert not expand.apply_mask and dw.apply_mask  # masked once, after the depthwise
+    assert dw.activation == "relu6" and dw.forward_fold
+    assert project.ordering is None and project.in_segments[0][2]  # folds dw's rescale
+    cut = mb.truncate(0.5)
+    assert L(cut.body, "features.3.conv.1.0").out_scale is None  # not folded backwards
+
+
+class _Cat(nn.Module):
+    """Two nested branches concatenated (one ReLU6: its rescale folds forward through the cat and
+    a max pool), then a conv that reads both segments at their offsets."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.a = nn.Conv2d(16, 16, 3, padding=1)
+        self.bn_a = nn.BatchNorm2d(16)
+        self.b = nn.Conv2d(16, 32, 1)
+        self.mix = nn.Conv2d(48, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * 4, 10)
+
+    def forward(self, x):
+        y = F.relu(self.stem(x))
+        y = torch.cat([F.relu6(self.bn_a(self.a(y))), F.relu(self.b(y))], 1)
+        y = F.relu(self.mix(F.max_pool2d(y, 2)))
+        return self.fc(torch.flatten(F.avg_pool2d(y, 2), 1))
+
+
+def test_a_concatenation_keeps_each_branch_unit_and_offset():
+    torch.manual_seed(0)
+    model = nest(_Cat(), groups=4).double().eval()
+    randomise(model, 2)
+    segs = model.body.mix.in_segments
+    assert [(s[1], s[2]) for s in segs] == [(16, True), (32, False)]
+    assert segs[0][0] is model.body.a.ordering and segs[1][0] is model.body.b.ordering
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    for w in WIDTHS:
+        with torch.no_grad(), model.width(w):
+            masked = model(x)
+        cut = model.truncate(w).eval()
+        assert cut.body.mix.in_channels == int(48 * w)
+        with torch.no_grad():
+            assert float((masked - cut(x)).abs().max() / masked.abs().max()) <= 1e-10
+
+
+def test_the_training_loop_runs_a_nested_user_network():
+    """Sampled masks in train mode and a fixed narrow width (the sandwich pass, which computes
+    only kept channels, concatenated segments included) both train."""
+    torch.manual_seed(0)
+    for make in (_Cat, ResNet20Cifar):
+        model = nest(make(), groups=4).train()
+        x = torch.randn(4, 3, 8, 8)
+        loss = model(x).logsumexp(1).mean() + model.weight_kl() * 1e-4 + model.ordering_kl()
+        with model.width(0.25, scaled=False):
+            loss = loss + model(x).logsumexp(1).mean()
+        loss.backward()
+        assert all(u.mubar.grad is not None for u in model.orderings())
+
+
+class _ReluSixAdd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = F.relu(self.a(x))
+        y = y + F.relu6(self.b(y))
+        return self.fc(y.mean((2, 3)))
+
+
+class _Unsupported(nn.Module):
+    def __init__(self, what):
+        super().__init__()
+        self.what = what
+        self.conv = nn.Conv2d(3, 16, 3)
+        self.bn = nn.BatchNorm2d(16)
+        self.group = nn.Conv2d(16, 16, 3, groups=4)
+        self.fc = nn.Linear(16 * 36, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.what == "sigmoid":
+            y = torch.sigmoid(y)
+        elif self.what == "bn":
+            y = self.bn(F.relu(y))
+        elif self.what == "grouped":
+            return self.fc(self.group(y).mean((2, 3)).repeat(1, 36))
+        return self.fc(y.view(y.size(0), -1))
+
+
+@pytest.mark.parametrize("net,kw,match", [
+    (lambda: _Unsupported("sigmoid"), {}, r"fx node 'sigmoid' \(call_function sigmoid\): "
+                                          "unsupported function sigmoid"),
+    (lambda: _Unsupported("view"), {}, r"fx node 'size' \(call_method size\): unsupported method"),
+    (lambda: _Unsupported("bn"), {}, r"fx node 'bn' .*standalone batch norm"),
+    (lambda: _Unsupported("grouped"), {}, r"fx node 'group' .*grouped conv with groups=4"),
+    (lambda: ResNet20Cifar(shortcut="A"), {}, r"fx node 'pad' \(call_function pad\): pads "
+                                              "channels on both sides.*option A"),
+    (_ReluSixAdd, {"residual": "stage", "nest_stem": True},
+     r"fx node 'add' .*rescale of the masked ReLU6 layer 'b' cannot pass an add"),
+])
+def test_an_unsupported_op_or_unmet_rule_names_its_node(net, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        nest(net(), **kw)

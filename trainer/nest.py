@@ -1,0 +1,174 @@
+"""``nest()``: a user's plain PyTorch CNN -> a Bayesian nested network (issue 20, "Bring your own
+network"; BN³ §2.2-2.3 ordering units, §3.2-3.4 Bayesian layers, App. 8.1-8.2 blocks and the
+keep-probability rescale, App. 9.1 which layers are nested in VGG / ResNeXt / MobileNetV2).
+
+The module is traced with :mod:`torch.fx`; every ``Conv2d`` (plain or depthwise) or ``Linear``,
+with the ``BatchNorm2d`` and ReLU / ReLU6 that directly follow it, becomes one Bayesian block
+(:class:`trainer.nest_model.NestConv2d` / ``NestLinear``: conv -> BN -> activation -> ordering
+mask) whose posterior means are the user's weights (BN affine and running statistics too; a
+conv bias before a BN moves into the BN's running mean). The rules:
+
+- **depthwise** convs follow their input's ordering unit (no unit of their own); a conv whose
+  only consumer is such a depthwise conv is masked once, after the depthwise block (channel c
+  of the one only feeds channel c of the other, App. 9.1 "nested dropout on the depth-wise").
+- **residual** adds: the values an add joins must keep aligned channels. ``residual="inner"``
+  (default; BN³ App. 9.1 for ResNeXt and MobileNetV2): every layer whose output is summed stays
+  full width, only the channels inside blocks are nested. ``residual="stage"``: every layer
+  whose output is summed shares one unit, so the stream narrows and truncation cuts all of them
+  identically (if the stream also carries the un-nested stem or the input, it stays full width).
+- a shortcut that cannot stay aligned under prefix truncation (ResNet-20's "option A":
+  ``F.pad`` of new channels on both sides of the identity) is a ConfigError; use a 1x1
+  projection. A pad at the end is aligned but not yet exportable (no lowering): also refused.
+- **groups** is a maximum: each group holds a multiple of 4 channels (TFLite/XNNPACK), so a
+  layer with C channels gets the largest g <= groups with C % (4 g) == 0 (C < 4 * groups: C // 4).
+- the **rescale** (BN³ App. 8.2) folds backwards into BN through ReLU or no activation, as in
+  the built-in models. Through ReLU6 it cannot (``relu6(s z) != s relu6(z)``): it is folded
+  forwards into the input weights of the conv / depthwise / linear layers the output feeds, via
+  ReLU, max / average / global pooling, flatten, dropout and concatenation (all commute with a
+  positive per-channel scale). A path to an add, a ReLU6 or the output is a ConfigError.
+- **concatenations** keep each branch's unit and channel offset (``in_segments``).
+- the **classifier** (the layer producing the output) is Bayesian but not nested; the **stem**
+  (the layer reading the input) is nested only with ``nest_stem=True``.
+- any other op, or a rule that cannot be met, is a ConfigError naming the fx node.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+from edge_sdk.errors import ConfigError
+from trainer.nest_graph import Block, Plan, analyse, fail
+from trainer.nest_model import NestConv2d, NestedGraphModel, NestLinear
+from trainer.ordering import DownhillOrdering
+
+__all__ = ["nest", "pick_groups"]
+
+
+def pick_groups(channels: int, groups: int, where: str = "layer") -> int:
+    """The largest g <= ``groups`` with ``channels % (4 g) == 0`` (each group a multiple of 4)."""
+    if channels % 4:
+        raise ConfigError(f"{where}: {channels} output channels cannot be nested: each ordering "
+                          "group must hold a multiple of 4 channels")
+    g = min(groups, channels // 4)
+    while channels % (4 * g):
+        g -= 1
+    return g
+
+
+def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "inner",
+         nest_stem: bool = False, prior_pi: float = 0.9, init_mubar: float = 3.0,
+         log_alpha_init: float = -4.0, verbose: bool = False) -> NestedGraphModel:
+    """Convert ``module`` (a plain ``nn.Module``) into a :class:`NestedGraphModel` (see the module
+    docstring for the rules). ``groups`` / ``frozen`` are each unit's maximum groups and its
+    always-kept groups; ``prior_pi`` / ``init_mubar`` as in :class:`DownhillOrdering`;
+    ``log_alpha_init`` sets the initial posterior spread around the user's weights.
+    ``verbose`` prints the per-layer summary (``model.summary()``)."""
+    if residual not in ("inner", "stage"):
+        raise ConfigError(f"residual must be 'inner' or 'stage', got {residual!r}")
+    if not isinstance(groups, int) or groups < 1:
+        raise ConfigError(f"groups must be an integer >= 1, got {groups!r}")
+    try:
+        gm = fx.symbolic_trace(module)
+    except Exception as e:  # data-dependent control flow, unsupported Python constructs
+        raise ConfigError(f"torch.fx cannot trace {type(module).__name__}: {e}") from None
+    plan = analyse(gm, residual, nest_stem)
+    units: dict[int, DownhillOrdering] = {}
+    summary = []
+    new_modules: dict[str, nn.Module] = {}
+    for b in plan.blocks:
+        unit = None
+        root = plan.unit_of(b)
+        if root is not None:
+            if root not in units:
+                g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}")
+                units[root] = DownhillOrdering(g, min(frozen, g), prior_pi, init_mubar)
+            unit = units[root]
+        layer = _build(b, unit, plan, units, log_alpha_init)
+        new_modules[b.node.target] = layer
+        summary.append({"layer": b.node.target, "kind": b.kind, "out": b.out_channels,
+                        "groups": unit.groups if unit else 0,
+                        "ordering": plan.describe(b, units)})
+    body = _rewrite(gm, plan, new_modules)
+    model = NestedGraphModel(body, summary)
+    if verbose:
+        print(model.summary())
+    return model
+
+
+def _build(b: Block, unit, plan: Plan, units: dict, log_alpha_init: float) -> nn.Module:
+    m = b.module
+    in_ch = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+    # the network input's channel count is known only from the layer reading it
+    segments = [(units.get(plan.root(s)), in_ch if ch is None else ch, plan.folds(src))
+                for s, ch, src in b.inputs]
+    if isinstance(m, nn.Linear):
+        layer = NestLinear(m.in_features, m.out_features, ordering=unit,
+                           apply_mask=b.apply_mask, batch_norm=False, activation=None,
+                           log_alpha_init=log_alpha_init)
+        spatial = _spatial(b, segments)
+    else:
+        layer = NestConv2d(m.in_channels, m.out_channels, m.kernel_size[0], m.stride[0],
+                           m.padding[0], depthwise=b.kind == "depthwise", ordering=unit,
+                           apply_mask=b.apply_mask, batch_norm=b.bn is not None,
+                           activation=None, log_alpha_init=log_alpha_init)
+        spatial = 1
+    # set after construction: the base class refuses a masked relu6 block because its rescale
+    # cannot fold backwards; nest() checked that every consumer folds it forwards
+    layer.activation = b.activation
+    layer.forward_fold = b.activation == "relu6" and layer.apply_mask
+    layer.set_input(segments, spatial)
+    with torch.no_grad():
+        layer.weight_mu.copy_(m.weight)
+        bias = m.bias.detach() if m.bias is not None else None
+        if b.bn is not None:
+            bn = b.bn
+            if bn.running_mean is None:
+                raise fail(b.bn_node, "a BatchNorm2d without running statistics "
+                                      "(track_running_stats=False) cannot fold at export")
+            layer.bn.eps, layer.bn.momentum = bn.eps, bn.momentum
+            if bn.affine:
+                layer.bn.weight.copy_(bn.weight); layer.bn.bias.copy_(bn.bias)
+            # bn(z + b) = bn'(z) with running_mean' = running_mean - b (and the batch mean
+            # cancels b in training)
+            layer.bn.running_mean.copy_(bn.running_mean - (0 if bias is None else bias))
+            layer.bn.running_var.copy_(bn.running_var)
+            layer.bn.num_batches_tracked.copy_(bn.num_batches_tracked)
+        elif bias is not None:
+            layer.bias.copy_(bias)
+        layer.reset_sigma(log_alpha_init)  # sigma = |mu| sqrt(alpha) around the user's weights
+    return layer
+
+
+def _spatial(b: Block, segments: list) -> int:
+    """H*W of a flattened input: a linear layer's in_features per input channel."""
+    ch = sum(c for _, c, _ in segments)
+    if b.module.in_features % ch:
+        raise fail(b.node, f"{b.module.in_features} input features are not a multiple of the "
+                           f"{ch} channels flattened into it")
+    return b.module.in_features // ch
+
+
+def _rewrite(gm: fx.GraphModule, plan: Plan, new_modules: dict[str, nn.Module]) -> fx.GraphModule:
+    """A graph where each block is one call_module node (its BN and activation nodes gone)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    absorbed = {n: b for b in plan.blocks for n in b.absorbed}
+    heads = {b.node: b for b in plan.blocks}
+    modules = dict(gm.named_modules())
+    root: dict[str, nn.Module] = {}
+    for node in gm.graph.nodes:
+        if node in heads:
+            b = heads[node]
+            new = graph.call_module(node.target, (env[node.args[0]],))
+            new.name = node.name
+            env[b.last] = new
+            root[node.target] = new_modules[node.target]
+        elif node in absorbed:
+            continue
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+            if node.op == "call_module":
+                root[node.target] = modules[node.target]
+    graph.lint()
+    return fx.GraphModule(root, graph, class_name="NestedBody")
+

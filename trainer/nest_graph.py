@@ -1,0 +1,318 @@
+"""The analysis half of :func:`trainer.nest.nest` (issue 20; BN³ App. 8.1-8.2, 9.1): find the
+blocks (conv/linear + BN + activation) of a traced network, the channel spaces that adds tie
+together, and which space gets an ordering unit. Every unsupported node or unmet rule raises a
+:class:`ConfigError` naming the fx node. The rules are stated in :mod:`trainer.nest`.
+
+A *space* is a variable for "the channel layout of this value". A layer's output opens a new
+one; ReLU, pooling, flatten, dropout keep it; a depthwise conv keeps its input's (so it follows
+the input's unit); an add unifies its operands' (union-find: summed values must truncate
+identically); a concatenation is a list of segments, one per branch, each keeping its space.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from edge_sdk.errors import ConfigError
+
+_ADD = {operator.add, torch.add, operator.iadd}
+_CAT = {torch.cat, torch.concat}
+_RELU_FN = {F.relu: "relu", torch.relu: "relu", "relu": "relu", "relu_": "relu",
+            F.relu6: "relu6"}
+_FLATTEN = {torch.flatten, "flatten"}
+_POOL_FN = {F.adaptive_avg_pool2d, F.max_pool2d, F.avg_pool2d, torch.mean, "mean"}
+_PASS_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity,
+                 nn.Dropout)
+SUPPORTED = ("Conv2d (plain or depthwise), BatchNorm2d after a conv, Linear, ReLU, ReLU6, "
+             "MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Identity, Dropout, +, torch.cat, "
+             "flatten, mean over H and W")
+
+
+def fail(node: fx.Node, why: str) -> ConfigError:
+    target = node.target if isinstance(node.target, str) else \
+        getattr(node.target, "__name__", repr(node.target))
+    return ConfigError(f"nest: fx node {node.name!r} ({node.op} {target}): {why}")
+
+
+@dataclass(eq=False)
+class Block:
+    node: fx.Node  # the conv / linear node
+    module: nn.Module
+    kind: str  # conv | depthwise | linear
+    out_channels: int
+    bn: nn.Module | None = None
+    bn_node: fx.Node | None = None
+    activation: str | None = None
+    absorbed: list = field(default_factory=list)  # BN / activation nodes folded into the block
+    inputs: list = field(default_factory=list)  # segments (space, channels, producing block)
+    out_space: int = -1
+    apply_mask: bool = True
+    forward_fold: bool = False
+
+    @property
+    def last(self) -> fx.Node:
+        return self.absorbed[-1] if self.absorbed else self.node
+
+
+class Plan:
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+        self.parent: dict[int, int] = {}
+        self.fixed: dict[int, str] = {}  # space -> why it stays full width
+        self.added: set[int] = set()
+        self.nested: set[int] = set()
+        self.residual = "inner"
+
+    def new_space(self) -> int:
+        s = len(self.parent)
+        self.parent[s] = s
+        return s
+
+    def root(self, s: int) -> int:
+        while self.parent[s] != s:
+            self.parent[s] = self.parent[self.parent[s]]
+            s = self.parent[s]
+        return s
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.root(a), self.root(b)
+        self.parent[max(ra, rb)] = min(ra, rb)
+        return min(ra, rb)
+
+    def unit_of(self, b: Block) -> int | None:
+        r = self.root(b.out_space)
+        return r if r in self.nested else None
+
+    def folds(self, src: Block | None) -> bool:
+        return src is not None and src.forward_fold
+
+    def describe(self, b: Block, units: dict) -> str:
+        r = self.root(b.out_space)
+        if r not in self.nested:
+            if r in self.added and self.residual == "inner":
+                why = "residual stream (residual='inner')"
+            elif r in self.added:  # stage mode, but the stream carries a fixed-width value
+                why = f"residual stream summed with the {self.fixed[r].split(' ')[0]}"
+            else:
+                why = self.fixed.get(r, "not nested")
+            return f"full width: {why}"
+        users = [x for x in self.blocks if self.unit_of(x) == r]
+        how = "follows its input's unit" if b.kind == "depthwise" else (
+            f"shared by {len(users)} summed layers" if r in self.added else
+            f"shared by {len(users)} layers" if len(users) > 1 else "own unit")
+        extra = ", masked after its depthwise" if not b.apply_mask else (
+            ", rescale folded forward" if b.forward_fold else "")
+        return f"unit u{sorted(units).index(r)}: {how}{extra}"
+
+
+def _activation(node: fx.Node, modules: dict) -> str | None:
+    if node.op == "call_module":
+        m = modules[node.target]
+        return "relu" if isinstance(m, nn.ReLU) else "relu6" if isinstance(m, nn.ReLU6) else None
+    if node.op in ("call_function", "call_method"):
+        if node.target in _RELU_FN:
+            return _RELU_FN[node.target]
+        if node.target is F.hardtanh and tuple(node.args[1:3]) == (0.0, 6.0):
+            return "relu6"
+    return None
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and users[0].args[:1] == (node,) else None
+
+
+def _make_block(node: fx.Node, m: nn.Module, modules: dict) -> Block:
+    if isinstance(m, nn.Linear):
+        b = Block(node, m, "linear", m.out_features)
+    else:
+        if m.padding_mode != "zeros" or isinstance(m.padding, str):
+            raise fail(node, f"only numeric zero padding is supported, got padding={m.padding!r}"
+                             f" padding_mode={m.padding_mode!r}")
+        if len(set(m.kernel_size)) > 1 or len(set(m.stride)) > 1 or len(set(m.padding)) > 1:
+            raise fail(node, "only square kernels, strides and paddings are supported")
+        if m.dilation != (1, 1):
+            raise fail(node, f"dilation {m.dilation} is not supported")
+        depthwise = m.groups > 1 and m.groups == m.in_channels == m.out_channels
+        if m.groups > 1 and not depthwise:
+            raise fail(node, f"grouped conv with groups={m.groups} ({m.in_channels} -> "
+                             f"{m.out_channels}) is not supported: only depthwise (groups == in "
+                             "== out channels) or groups=1")
+        b = Block(node, m, "depthwise" if depthwise else "conv", m.out_channels)
+        user = _only_user(node)
+        if user is not None and user.op == "call_module" and \
+                isinstance(modules[user.target], nn.BatchNorm2d):
+            b.bn, b.bn_node = modules[user.target], user
+            b.absorbed.append(user)
+    user = _only_user(b.last)
+    act = None if user is None else _activation(user, modules)
+    if act is not None:
+        b.activation = act
+        b.absorbed.append(user)
+    return b
+
+
+def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
+    """Blocks, spaces and nested spaces of ``gm`` (see the module docstring)."""
+    plan = Plan()
+    plan.residual = residual
+    modules = dict(gm.named_modules())
+    env: dict[fx.Node, list] = {}  # value -> segments (space, channels or None, producer)
+    absorbed: set[fx.Node] = set()
+    relu6_nodes: set[fx.Node] = set()
+    placeholder = None
+    for node in gm.graph.nodes:  # the shortcut rule first: its strided slice comes before it
+        if node.target is F.pad:
+            _option_a(node)
+    for node in gm.graph.nodes:
+        if node in absorbed:
+            continue
+        if node.op == "placeholder":
+            if placeholder is not None:
+                raise fail(node, "the model must take exactly one input")
+            placeholder = plan.new_space()
+            plan.fixed[placeholder] = "input"
+            env[node] = [(placeholder, None, None)]
+        elif node.op == "output":
+            res = node.args[0]
+            if not isinstance(res, fx.Node):
+                raise fail(node, "the model must return one tensor (logits)")
+            for s, _, _ in env[res]:
+                plan.fixed[plan.root(s)] = "classifier (Bayesian, not nested)"
+        elif node.op == "get_attr":
+            raise fail(node, "reads a parameter or buffer in forward (not a layer)")
+        elif node.op == "call_module" and isinstance(modules[node.target], (nn.Conv2d, nn.Linear)):
+            b = _make_block(node, modules[node.target], modules)
+            absorbed.update(b.absorbed)
+            b.inputs = _arg(node, env)
+            if b.kind == "depthwise":
+                if len(b.inputs) != 1:
+                    raise fail(node, "a depthwise conv of a concatenation is not supported")
+                b.out_space = b.inputs[0][0]  # follows its input's unit
+            else:
+                b.out_space = plan.new_space()
+                if any(s == placeholder for s, _, _ in b.inputs) and not nest_stem:
+                    plan.fixed[b.out_space] = "stem (nest_stem=False)"
+            plan.blocks.append(b)
+            env[b.last] = [(b.out_space, b.out_channels, b)]
+            if b.activation == "relu6":
+                relu6_nodes.add(b.last)
+        elif node.op == "call_module":
+            m = modules[node.target]
+            if isinstance(m, nn.BatchNorm2d):
+                raise fail(node, "a BatchNorm2d must directly follow a Conv2d whose output only "
+                                 "it reads (a standalone batch norm cannot be nested)")
+            if not isinstance(m, _PASS_MODULES + (nn.ReLU, nn.ReLU6)):
+                raise fail(node, f"unsupported module {type(m).__name__} (supported: {SUPPORTED})")
+            if isinstance(m, nn.ReLU6):
+                relu6_nodes.add(node)
+            env[node] = _arg(node, env)
+        else:
+            env[node] = _function(node, env, plan, relu6_nodes)
+    _decide(plan, residual)
+    _check_forward_folds(plan, modules, relu6_nodes)
+    return plan
+
+
+def _arg(node: fx.Node, env: dict, i: int = 0) -> list:
+    a = node.args[i] if i < len(node.args) else None
+    if not isinstance(a, fx.Node) or a not in env:
+        raise fail(node, f"argument {i} must be a tensor computed by the graph")
+    return env[a]
+
+
+def _function(node: fx.Node, env: dict, plan: Plan, relu6_nodes: set) -> list:
+    fn = node.target
+    if fn in _ADD:
+        a, b = _arg(node, env, 0), _arg(node, env, 1)
+        if len(a) != 1 or len(b) != 1:
+            raise fail(node, "adds a concatenation: its branches cannot stay aligned")
+        s = plan.union(a[0][0], b[0][0])
+        plan.added.add(s)
+        return [(s, a[0][1] or b[0][1], None)]
+    if fn in _CAT:
+        xs = node.args[0] if node.args else node.kwargs.get("tensors")
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if dim not in (1, -3):
+            raise fail(node, f"only concatenation along channels (dim 1) is supported, got {dim}")
+        segs = [seg for x in xs for seg in env[x]]
+        if any(ch is None for _, ch, _ in segs):
+            raise fail(node, "concatenates the network input: its channel count is unknown")
+        return segs
+    if fn is F.pad:
+        _option_a(node)
+        raise fail(node, "F.pad is not supported (the exporter has no lowering for it); use a "
+                         "1x1 projection shortcut")
+    if fn in _RELU_FN or fn is F.hardtanh and tuple(node.args[1:3]) == (0.0, 6.0):
+        if _RELU_FN.get(fn, "relu6") == "relu6":
+            relu6_nodes.add(node)
+        return _arg(node, env)
+    if fn in _FLATTEN or fn in _POOL_FN:
+        return _arg(node, env)
+    name = fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
+    raise fail(node, f"unsupported {'method' if isinstance(fn, str) else 'function'} {name} "
+                     f"(supported: {SUPPORTED})")
+
+
+def _option_a(node: fx.Node) -> None:
+    """ResNet's "option A" shortcut pads new channels on both sides of the identity."""
+    pad = list(node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ()))
+    if len(pad) >= 6 and pad[4] and pad[5]:
+        raise fail(node, f"pads channels on both sides ({pad[4]}, {pad[5]}), like ResNet's "
+                         "'option A' shortcut: the identity's channels sit in the middle, so no "
+                         "prefix truncation keeps the sum aligned; use a 1x1 projection shortcut")
+
+
+def _decide(plan: Plan, residual: str) -> None:
+    """Which spaces get a unit, and which blocks mask (see the rules in trainer.nest)."""
+    fixed = {plan.root(s): why for s, why in plan.fixed.items()}
+    added = {plan.root(s) for s in plan.added}
+    plan.fixed, plan.added = fixed, added
+    channels: dict[int, tuple[int, Block]] = {}
+    for b in plan.blocks:
+        r = plan.root(b.out_space)
+        if r in channels and channels[r][0] != b.out_channels:
+            raise fail(b.node, f"is summed with {channels[r][1].node.name!r} but has "
+                               f"{b.out_channels} channels, not {channels[r][0]}")
+        channels.setdefault(r, (b.out_channels, b))
+        if r in fixed or (r in added and residual == "inner"):
+            continue
+        plan.nested.add(r)
+    for b in plan.blocks:
+        user = _only_user(b.last)
+        dw = next((x for x in plan.blocks if x.node is user), None)
+        if b.kind != "depthwise" and plan.unit_of(b) is not None and dw is not None \
+                and dw.kind == "depthwise":
+            b.apply_mask = False  # masked once, after the depthwise block (exact: see nest)
+        b.forward_fold = plan.unit_of(b) is not None and b.apply_mask and b.activation == "relu6"
+
+
+def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
+    """Every path from a masked ReLU6 output must reach a conv / depthwise / linear layer through
+    ops that commute with a positive per-channel scale; the rescale folds into its inputs."""
+    heads = {b.node for b in plan.blocks}
+    for b in plan.blocks:
+        if not b.forward_fold:
+            continue
+        todo, seen = list(b.last.users), set()
+        while todo:
+            n = todo.pop()
+            if n in seen or n in heads:
+                continue  # a layer: the scale folds into its input weights
+            seen.add(n)
+            what = None
+            if n.op == "output":
+                what = "the model's output"
+            elif n.target in _ADD:
+                what = "an add (the summed branches would need the same scale folded backwards)"
+            elif n in relu6_nodes:
+                what = "a ReLU6 (relu6(s z) != s relu6(z))"
+            if what is not None:
+                raise fail(n, f"the keep-probability rescale of the masked ReLU6 layer "
+                              f"{b.node.name!r} cannot pass {what}; use ReLU there, or "
+                              f"residual='inner'")
+            todo.extend(n.users)

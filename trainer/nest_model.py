@@ -1,0 +1,182 @@
+"""The layers and the model that :func:`trainer.nest.nest` builds (issue 20, "Bring your own
+network"; BN³ §3.2-3.4, App. 8.1-8.2).
+
+:class:`NestConv2d` and :class:`NestLinear` are the Bayesian nested blocks of
+:mod:`trainer.layers` plus two facts about their *input* that a hand-written model never needs:
+
+- ``in_segments``: the input's channels as segments ``(unit or None, channels, fold)``, one per
+  branch of a ``torch.cat`` (one segment otherwise). A concatenation of two nested branches is
+  not a prefix-ordered tensor: at width w the kept input channels are the first kept channels
+  of *each* segment, at its own offset;
+- ``fold`` on a segment: the producer's keep-probability rescale (BN³ App. 8.2) could not fold
+  into the producer (its output went through ReLU6: ``relu6(z) * s != relu6(s z)``), so
+  truncation folds it *forward* into this layer's input weights: ``W[:, c] * s_c`` computes
+  ``W (s * x)`` exactly because the layer is linear in its input (pooling and ReLU between the
+  two commute with a positive per-channel scale; :mod:`trainer.nest` checks the path).
+
+:class:`NestedGraphModel` runs the rewritten ``torch.fx`` graph and truncates with both facts.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear, _inverse_softplus
+from trainer.models.base import NestedModel
+from trainer.ordering import DownhillOrdering
+
+Segment = tuple  # (DownhillOrdering | None, channels: int, fold: bool)
+
+
+class _Segmented:
+    """Mixin: input channels described by segments (see the module docstring)."""
+
+    def set_input(self, segments: list[Segment], spatial: int = 1) -> None:
+        # plain attributes, not submodules: the units are registered by their own layers
+        object.__setattr__(self, "in_segments", list(segments))
+        units = {id(u): u for u, _, _ in segments if u is not None}
+        # one prefix-ordered input: the base class's slicing (input_ordering) is exact
+        single = len(segments) == 1 and len(units) == 1
+        self.follows(next(iter(units.values())) if single else None, spatial)
+
+    def kept_input_index(self, width_of) -> torch.Tensor | None:
+        """Indices of the input channels kept when each segment's unit keeps ``width_of(unit)``
+        groups (None: all of them)."""
+        segs = getattr(self, "in_segments", None) or []
+        parts, off, cut = [], 0, False
+        for unit, ch, _ in segs:
+            k = ch if unit is None or width_of(unit) is None else \
+                width_of(unit) * (ch // unit.groups)
+            cut |= k < ch
+            parts.append(torch.arange(off, off + k))
+            off += ch
+        return torch.cat(parts) if cut else None
+
+    def _active_weight(self, w: torch.Tensor, x: torch.Tensor, out_keep):
+        segs = getattr(self, "in_segments", None) or []
+        if len(segs) < 2 or getattr(self, "depthwise", False):
+            return super()._active_weight(w, x, out_keep)
+        if out_keep is not None:
+            w = w[:out_keep]
+        # a fixed narrow width: each nested branch of the concatenation computed only its kept
+        # prefix (BayesNestedLayer.kept_outputs), so read the matching columns of each segment
+        idx = self.kept_input_index(lambda u: u.fixed_groups)
+        if idx is not None and w.shape[1] > x.shape[1]:
+            w = w[:, _expand(idx, self.input_spatial).to(w.device)]
+        return w
+
+
+def _expand(idx: torch.Tensor, spatial: int) -> torch.Tensor:
+    """Channel indices -> flattened (C, H, W) column indices."""
+    if spatial == 1:
+        return idx
+    return (idx[:, None] * spatial + torch.arange(spatial)).flatten()
+
+
+class NestConv2d(_Segmented, BayesNestedConv2d):
+    pass
+
+
+class NestLinear(_Segmented, BayesNestedLinear):
+    pass
+
+
+class NestedGraphModel(NestedModel):
+    """A user's network after :func:`trainer.nest.nest`: the rewritten fx graph (``body``) and the
+    per-layer summary (``nest_summary``)."""
+
+    def __init__(self, body: fx.GraphModule, summary: list[dict]):
+        super().__init__()
+        self.body = body
+        self.nest_summary = summary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def summary(self) -> str:
+        rows = [f"{'layer':<28} {'kind':<9} {'out':>5} {'groups':>6}  ordering"]
+        for r in self.nest_summary:
+            rows.append(f"{r['layer']:<28} {r['kind']:<9} {r['out']:>5} "
+                        f"{r['groups'] if r['groups'] else '-':>6}  {r['ordering']}")
+        return "\n".join(rows)
+
+    def truncate(self, width: float) -> "NestedGraphModel":
+        """As :meth:`NestedModel.truncate`, with concatenated inputs cut per segment and a ReLU6
+        producer's keep probabilities folded forward into its consumers' input weights."""
+        self.check_width(width)
+        new = copy.deepcopy(self)
+        kept = {id(u): u.groups_for_width(width) for u in new.orderings()}
+        keep_prob = {id(u): u.keep_probability().detach() for u in new.orderings()}
+        plan = []
+        for layer in new.bayes_layers():
+            out_keep = scale = None
+            unit = layer.ordering
+            if unit is not None:
+                size = layer.out_channels // unit.groups
+                out_keep = kept[id(unit)] * size
+                if layer.apply_mask and not getattr(layer, "forward_fold", False):
+                    scale = keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size)
+            plan.append((layer, out_keep, scale, _input_plan(layer, kept, keep_prob)))
+        for layer, out_keep, scale, (idx, in_scale) in plan:
+            depthwise = getattr(layer, "depthwise", False)
+            if not depthwise:
+                _cut_inputs(layer, idx, in_scale)
+            layer.truncate_(out_keep, None, scale)
+            if depthwise and in_scale is not None:
+                # a depthwise kernel's input channel is its output channel: scale its rows
+                # (after the cut: it follows its input's unit, so both keep the same channels)
+                _scale_rows(layer, in_scale)
+            object.__setattr__(layer, "in_segments", None)
+        new.truncated_width = width
+        return new
+
+
+def _input_plan(layer: BayesNestedLayer, kept: dict, keep_prob: dict):
+    """(kept input channel indices or None, forward-folded scale per kept input channel or None)."""
+    segs = getattr(layer, "in_segments", None)
+    if not segs:
+        return None, None
+    idx = layer.kept_input_index(lambda u: kept[id(u)])
+    scales, fold = [], False
+    for unit, ch, f in segs:
+        k = ch if unit is None else kept[id(unit)] * (ch // unit.groups)
+        if f and unit is not None:
+            fold = True
+            scales.append(keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(ch // unit.groups))
+        else:
+            scales.append(torch.ones(k))
+    return idx, torch.cat(scales) if fold else None
+
+
+@torch.no_grad()
+def _cut_inputs(layer: BayesNestedLayer, idx, in_scale) -> None:
+    spatial = layer.input_spatial
+    cols = None if idx is None else _expand(idx, spatial)
+    for name in ("weight_mu", "weight_rho"):
+        w = getattr(layer, name).detach()
+        if cols is not None:
+            w = w[:, cols.to(w.device)]
+        if in_scale is not None:
+            s = in_scale.to(w).repeat_interleave(spatial).view(1, -1, *([1] * (w.ndim - 2)))
+            # sigma scales with the mean (s * W has the posterior of W scaled by s)
+            w = w * s if name == "weight_mu" else _inverse_softplus(F.softplus(w) * s)
+        setattr(layer, name, nn.Parameter(w.clone()))
+    if cols is not None:
+        if isinstance(layer, BayesNestedLinear):
+            layer.in_features = len(cols)
+        else:
+            layer.in_channels = len(idx)
+
+
+@torch.no_grad()
+def _scale_rows(layer: BayesNestedLayer, s: torch.Tensor) -> None:
+    view = (-1,) + (1,) * (layer.weight_mu.ndim - 1)
+    layer.weight_mu = nn.Parameter(layer.weight_mu.detach() * s.to(layer.weight_mu).view(view))
+    layer.weight_rho = nn.Parameter(_inverse_softplus(
+        F.softplus(layer.weight_rho.detach()) * s.to(layer.weight_rho).view(view)))
+
+
+__all__ = ["NestConv2d", "NestLinear", "NestedGraphModel", "DownhillOrdering"]
