@@ -88,13 +88,20 @@ def make_slice(model: NestedModel, width: float, calib: Sequence,
     return m.cpu().truncate(width).eval()
 
 
+def classifier_name(model: NestedModel) -> str:
+    """The output layer's module name: ``classifier`` in the built-in models; a nested user
+    network (trainer.nest) records its own (``body.fc``, ``body.classifier.1``, ...)."""
+    return getattr(model, "classifier_name", "classifier")
+
+
 def sliced_heads(model: NestedModel, samples: Sequence[WeightSet], width: float
                  ) -> list[torch.Tensor]:
     """Each sample's classifier weights, cut to the inputs the width-``width`` slice keeps."""
+    name = classifier_name(model)
     heads = []
     for ws in samples:
-        m = with_weights(model, {"classifier": ws["classifier"]})
-        heads.append(m.truncate(width).classifier.weight_mu.detach().clone())
+        m = with_weights(model, {name: ws[name]})
+        heads.append(m.truncate(width).get_submodule(name).weight_mu.detach().clone())
     return heads
 
 
@@ -103,7 +110,7 @@ def stack_heads(point_slice: NestedModel, head_weights: Sequence[torch.Tensor]) 
     slice, see :func:`sliced_heads`) stacked into one ``[S*C, in]`` layer: one invoke computes
     all S heads; the exporter reshapes the output to [S, C]."""
     m = copy.deepcopy(point_slice)
-    head = m.classifier
+    head = m.get_submodule(classifier_name(m))
     if head.ordering is not None or head.bn is not None or head.out_scale is not None:
         raise CheckpointError("the classifier must be a plain (not nested, no BN) layer to stack "
                               "posterior heads")

@@ -1,7 +1,7 @@
-"""The analysis half of :func:`trainer.nest.nest` (issue 20; BN³ App. 8.1-8.2, 9.1): find the
+"""The analysis half of :func:`trainer.nest` (trainer/nesting.py) (issue 20; BN³ App. 8.1-8.2, 9.1): find the
 blocks (conv/linear + BN + activation) of a traced network, the channel spaces that adds tie
 together, and which space gets an ordering unit. Every unsupported node or unmet rule raises a
-:class:`ConfigError` naming the fx node. The rules are stated in :mod:`trainer.nest`.
+:class:`ConfigError` naming the fx node. The rules are stated in :mod:`trainer.nesting`.
 
 A *space* is a variable for "the channel layout of this value". A layer's output opens a new
 one; ReLU, pooling, flatten, dropout keep it; a depthwise conv keeps its input's (so it follows
@@ -66,6 +66,7 @@ class Plan:
         self.added: set[int] = set()
         self.nested: set[int] = set()
         self.residual = "inner"
+        self.classifier: Block | None = None  # the block producing the output
 
     def new_space(self) -> int:
         s = len(self.parent)
@@ -181,8 +182,9 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
             res = node.args[0]
             if not isinstance(res, fx.Node):
                 raise fail(node, "the model must return one tensor (logits)")
-            for s, _, _ in env[res]:
+            for s, _, src in env[res]:
                 plan.fixed[plan.root(s)] = "classifier (Bayesian, not nested)"
+                plan.classifier = src
         elif node.op == "get_attr":
             raise fail(node, "reads a parameter or buffer in forward (not a layer)")
         elif node.op == "call_module" and isinstance(modules[node.target], (nn.Conv2d, nn.Linear)):
@@ -268,7 +270,7 @@ def _option_a(node: fx.Node) -> None:
 
 
 def _decide(plan: Plan, residual: str) -> None:
-    """Which spaces get a unit, and which blocks mask (see the rules in trainer.nest)."""
+    """Which spaces get a unit, and which blocks mask (see the rules in trainer.nesting)."""
     fixed = {plan.root(s): why for s, why in plan.fixed.items()}
     added = {plan.root(s) for s in plan.added}
     plan.fixed, plan.added = fixed, added

@@ -1,4 +1,4 @@
-"""The layers and the model that :func:`trainer.nest.nest` builds (issue 20, "Bring your own
+"""The layers and the model that :func:`trainer.nest` (trainer/nesting.py) builds (issue 20, "Bring your own
 network"; BN³ §3.2-3.4, App. 8.1-8.2).
 
 :class:`NestConv2d` and :class:`NestLinear` are the Bayesian nested blocks of
@@ -12,7 +12,7 @@ network"; BN³ §3.2-3.4, App. 8.1-8.2).
   into the producer (its output went through ReLU6: ``relu6(z) * s != relu6(s z)``), so
   truncation folds it *forward* into this layer's input weights: ``W[:, c] * s_c`` computes
   ``W (s * x)`` exactly because the layer is linear in its input (pooling and ReLU between the
-  two commute with a positive per-channel scale; :mod:`trainer.nest` checks the path).
+  two commute with a positive per-channel scale; :mod:`trainer.nesting` checks the path).
 
 :class:`NestedGraphModel` runs the rewritten ``torch.fx`` graph and truncates with both facts.
 """
@@ -85,13 +85,15 @@ class NestLinear(_Segmented, BayesNestedLinear):
 
 
 class NestedGraphModel(NestedModel):
-    """A user's network after :func:`trainer.nest.nest`: the rewritten fx graph (``body``) and the
+    """A user's network after :func:`trainer.nest` (trainer/nesting.py): the rewritten fx graph (``body``) and the
     per-layer summary (``nest_summary``)."""
 
-    def __init__(self, body: fx.GraphModule, summary: list[dict]):
+    def __init__(self, body: fx.GraphModule, summary: list[dict], classifier: str | None):
         super().__init__()
         self.body = body
         self.nest_summary = summary
+        if classifier is not None:  # the head scope's sampled layer (exporters.slice)
+            self.classifier_name = f"body.{classifier}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)

@@ -11,7 +11,7 @@ from exporters.tflite import export_point_slice, lower_point_slice, prepare_weig
 from support import randomise
 from test_lowering import graph_weights_model, rel, run_tflite, run_torch
 from trainer.models.plain import ResNet20Cifar
-from trainer.nest import nest
+from trainer.nesting import nest
 
 torchvision = pytest.importorskip("torchvision")
 torch.set_num_threads(1)

@@ -9,7 +9,7 @@ from torch import nn
 from edge_sdk.errors import ConfigError
 from support import randomise
 from trainer.models.plain import ResNet20Cifar
-from trainer.nest import nest, pick_groups
+from trainer.nesting import nest, pick_groups
 
 torchvision = pytest.importorskip("torchvision")
 torch.set_num_threads(1)

@@ -6,6 +6,7 @@ from typing import Callable
 
 from edge_sdk.errors import ConfigError
 from trainer.models.base import NestedModel, round_channels
+from trainer.models.factory import create_from_factory, is_factory_path
 
 _REGISTRY: dict[str, Callable[..., NestedModel]] = {}
 
@@ -22,9 +23,15 @@ def list_models() -> list[str]:
 
 
 def create_model(name: str, **kwargs) -> NestedModel:
-    """Build a registered model; the name and arguments are recorded in ``model.arch``."""
+    """Build a registered model, or ``module:factory``'s network nested by ``trainer.nest``
+    (:mod:`trainer.models.factory`); the name and arguments are recorded in ``model.arch``."""
+    if is_factory_path(name):
+        model = create_from_factory(name, kwargs)
+        model.arch = {"name": name, "kwargs": dict(kwargs)}
+        return model
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown model {name!r}; registered models: {', '.join(list_models())}")
+        raise ConfigError(f"unknown model {name!r}; registered models: {', '.join(list_models())}"
+                          "; or a 'module:factory' path returning a plain nn.Module")
     fn = _REGISTRY[name]
     allowed = inspect.signature(fn).parameters
     unknown = sorted(set(kwargs) - set(allowed))

@@ -1,4 +1,4 @@
-"""Plain (not nested, not Bayesian) definitions that :func:`trainer.nest.nest` converts: the
+"""Plain (not nested, not Bayesian) definitions that :func:`trainer.nest` (trainer/nesting.py) converts: the
 registry's ``resnet20_cifar`` is ``nest(...)`` of these (issue 20).
 
 ``ResNet20Cifar`` is He et al.'s CIFAR ResNet-20 (3 stages of 3 basic blocks, 16/32/64 channels).

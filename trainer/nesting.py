@@ -89,7 +89,8 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
                         "groups": unit.groups if unit else 0,
                         "ordering": plan.describe(b, units)})
     body = _rewrite(gm, plan, new_modules)
-    model = NestedGraphModel(body, summary)
+    head = plan.classifier
+    model = NestedGraphModel(body, summary, None if head is None else head.node.target)
     if verbose:
         print(model.summary())
     return model

@@ -1,0 +1,16 @@
+"""Plain user networks for the ``model.name: module:factory`` tests (importable: tests/ is on
+sys.path). Nothing here knows about nesting."""
+from torch import nn
+
+
+def small_cnn(num_classes: int, in_channels: int, input_size: int, hidden: int = 64) -> nn.Module:
+    side = input_size // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * side * side, hidden), nn.ReLU(),
+        nn.Linear(hidden, num_classes))
+
+
+def not_a_module(num_classes: int, in_channels: int, input_size: int):
+    return "a string"
