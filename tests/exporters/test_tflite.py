@@ -25,6 +25,9 @@ CASES = {
     "nested_cnn_small@28": ({"input_size": 28}, (28, 28, 1)),
     "nested_vgg": ({"width_mult": 0.25}, (32, 32, 3)),
     "nested_mobilenetv2": ({"width_mult": 0.5}, (32, 32, 3)),
+    # issue 20's registry: nest(...) of plain definitions
+    "resnet20_cifar": ({"residual": "stage", "nest_stem": True}, (32, 32, 3)),
+    "mobilenet_v2": ({"width_mult": 0.75}, (32, 32, 3)),
 }
 WIDTHS = [0.25, 0.5, 1.0]
 

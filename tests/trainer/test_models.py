@@ -18,6 +18,10 @@ CASES = {
     "nested_cnn_small@28": ({"input_size": 28}, (1, 28, 28), 5),
     "nested_vgg": ({"width_mult": 0.25}, (3, 32, 32), 3),
     "nested_mobilenetv2": ({"width_mult": 0.5}, (3, 32, 32), 3),
+    # issue 20's registry: nest(...) of plain definitions
+    "resnet20_cifar": ({}, (3, 32, 32), 3),
+    "resnet20_cifar@stage": ({"residual": "stage", "nest_stem": True}, (3, 32, 32), 3),
+    "mobilenet_v2": ({"width_mult": 0.75}, (3, 32, 32), 3),
 }
 
 

@@ -254,3 +254,25 @@ class _Unsupported(nn.Module):
 def test_an_unsupported_op_or_unmet_rule_names_its_node(net, kw, match):
     with pytest.raises(ConfigError, match=match):
         nest(net(), **kw)
+
+
+def test_registry_variants_are_nest_of_plain_definitions():
+    from trainer.checkpoint import model_from_checkpoint
+    from trainer.models import create_model
+    from trainer.models.plain import MobileNetV2
+
+    # the plain MobileNetV2 is torchvision's, module for module: its weights load and agree
+    tv = torchvision.models.mobilenet_v2(num_classes=10).eval()
+    plain = MobileNetV2(10).eval()
+    plain.load_state_dict(tv.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(plain(x), tv(x))
+    for name, kw in (("resnet20_cifar", {"residual": "stage", "nest_stem": True}),
+                     ("mobilenet_v2", {"width_mult": 0.75})):
+        model = create_model(name, **kw).eval()
+        assert model.nested_layers() and model.arch == {"name": name, "kwargs": kw}
+        again = model_from_checkpoint({"arch": model.arch, "state_dict": model.state_dict()})
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            assert torch.equal(model(x), again(x))

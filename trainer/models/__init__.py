@@ -44,6 +44,6 @@ def create_model(name: str, **kwargs) -> NestedModel:
 
 
 # Importing the variant modules registers them.
-from trainer.models import cnn, mobilenetv2, vgg  # noqa: E402,F401
+from trainer.models import cnn, mobilenetv2, vgg, zoo  # noqa: E402,F401
 
 __all__ = ["NestedModel", "create_model", "list_models", "register_model", "round_channels"]

@@ -1,5 +1,6 @@
-"""Plain (not nested, not Bayesian) definitions that :func:`trainer.nest` (trainer/nesting.py) converts: the
-registry's ``resnet20_cifar`` is ``nest(...)`` of these (issue 20).
+"""Plain (not nested, not Bayesian) definitions that :func:`trainer.nest` (trainer/nesting.py)
+converts: the registry's ``resnet20_cifar`` and ``mobilenet_v2`` are ``nest(...)`` of these
+(issue 20, "Registry").
 
 ``ResNet20Cifar`` is He et al.'s CIFAR ResNet-20 (3 stages of 3 basic blocks, 16/32/64 channels).
 Its shortcut where the shape changes is a 1x1 projection + BN ("option B"): the original
@@ -66,3 +67,59 @@ def resnet20_cifar_plain(num_classes: int = 10, in_channels: int = 3, input_size
     del input_size
     return ResNet20Cifar(num_classes, in_channels, shortcut=shortcut)
 
+
+
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """torchvision's channel rounding (the nearest multiple of 8, never 10 % below ``v``)."""
+    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new + divisor if new < 0.9 * v else new
+
+
+def _conv_bn_relu6(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU6(inplace=True))
+
+
+class InvertedResidual(nn.Module):
+    """torchvision's block: [1x1 expand ReLU6] -> 3x3 depthwise ReLU6 -> 1x1 linear bottleneck."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        hidden = round(cin * expand)
+        self.use_res_connect = stride == 1 and cin == cout
+        layers = [] if expand == 1 else [_conv_bn_relu6(cin, hidden, 1)]
+        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden),
+                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_res_connect else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """torchvision's ``mobilenet_v2`` with the same module names (its ImageNet weights load with
+    ``load_state_dict``) and, for small inputs (``input_size <= 64``), the usual CIFAR strides:
+    stride 1 in the stem and the second stage, so 32x32 ends at 4x4 rather than 1x1."""
+
+    _SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                 (6, 160, 3, 2), (6, 320, 1, 1)]
+
+    def __init__(self, num_classes: int = 1000, in_channels: int = 3, width_mult: float = 1.0,
+                 cifar: bool = False, dropout: float = 0.2):
+        super().__init__()
+        cin = _make_divisible(32 * width_mult)
+        last = _make_divisible(1280 * max(1.0, width_mult))
+        features = [_conv_bn_relu6(in_channels, cin, 3, 1 if cifar else 2)]
+        for i, (t, c, n, s) in enumerate(self._SETTINGS):
+            cout = _make_divisible(c * width_mult)
+            s = 1 if cifar and i == 1 else s
+            for j in range(n):
+                features.append(InvertedResidual(cin, cout, s if j == 0 else 1, t))
+                cin = cout
+        features.append(_conv_bn_relu6(cin, last, 1))
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), (1, 1))
+        return self.classifier(torch.flatten(x, 1))

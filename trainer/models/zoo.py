@@ -1,0 +1,38 @@
+"""Registered ``nest(...)`` of plain definitions (issue 20, "Registry"): three-line variants,
+like timm's. ``residual`` / ``nest_stem`` are :func:`trainer.nest`'s options (trainer/nesting.py;
+BN³ App. 9.1: nesting inside the blocks, ``residual="inner"``, is what the paper does for
+ResNeXt and MobileNetV2)."""
+from __future__ import annotations
+
+from trainer.models import register_model
+from trainer.models.plain import MobileNetV2, ResNet20Cifar
+from trainer.nest_model import NestedGraphModel
+
+
+def _nest(net, groups, frozen, prior_pi, init_mubar, log_alpha_init, residual, nest_stem):
+    from trainer.nesting import nest
+
+    return nest(net, groups=groups, frozen=frozen, residual=residual, nest_stem=nest_stem,
+                prior_pi=prior_pi, init_mubar=init_mubar, log_alpha_init=log_alpha_init)
+
+
+@register_model
+def resnet20_cifar(num_classes: int = 10, in_channels: int = 3, input_size: int = 32,
+                   width_mult: float = 1.0, groups: int = 8, frozen: int = 1,
+                   prior_pi: float = 0.9, init_mubar: float = 3.0, log_alpha_init: float = -4.0,
+                   residual: str = "inner", nest_stem: bool = False) -> NestedGraphModel:
+    """He et al.'s CIFAR ResNet-20 with 1x1 projection shortcuts; ``input_size`` is free
+    (global pooling)."""
+    net = ResNet20Cifar(num_classes, in_channels, width=4 * max(1, round(4 * width_mult)))
+    return _nest(net, groups, frozen, prior_pi, init_mubar, log_alpha_init, residual, nest_stem)
+
+
+@register_model
+def mobilenet_v2(num_classes: int = 10, in_channels: int = 3, input_size: int = 32,
+                 width_mult: float = 1.0, groups: int = 8, frozen: int = 1,
+                 prior_pi: float = 0.9, init_mubar: float = 3.0, log_alpha_init: float = -4.0,
+                 residual: str = "inner", nest_stem: bool = False) -> NestedGraphModel:
+    """torchvision's MobileNetV2 (ReLU6 kept: its rescale folds forward), CIFAR strides for
+    inputs up to 64x64."""
+    net = MobileNetV2(num_classes, in_channels, width_mult, cifar=input_size <= 64)
+    return _nest(net, groups, frozen, prior_pi, init_mubar, log_alpha_init, residual, nest_stem)
