@@ -10,7 +10,8 @@ layer reading it permutes its weight columns from torch's (C, H, W) order.
 
 Supported nodes: Bayesian conv (plain and depthwise) and linear layers (weights folded and routed
 by :func:`exporters.weights.prepare_weights`); ``+`` / ``torch.add``; ``torch.cat``; max and
-average pooling (square, no padding, floor mode); global average pooling
+average pooling (square, no padding, floor mode); ``x[:, :, ::s, ::s]`` (a 1x1 max pool at
+stride s) and ``F.pad`` of channels (a pad shortcut); global average pooling
 (``adaptive_avg_pool2d(x, 1)``, ``mean`` over H and W); ``flatten`` from dimension 1; ReLU and
 ReLU6 (modules, functions and methods); ``nn.Identity`` and ``nn.Dropout`` (eval: identity).
 Anything else is a :class:`ConfigError` naming the fx node.
@@ -176,6 +177,10 @@ class _Lowering:
                                  self.option(node, 5, "ceil_mode", False))
             return self.pool(node, False, k, stride, pad, 1,
                              self.option(node, 4, "ceil_mode", False))
+        if fn is operator.getitem:
+            return self.subsample(node)
+        if fn is F.pad:
+            return self.channel_pad(node)
         if fn in (torch.mean, "mean"):
             dims = self.option(node, 1, "dim", None)
             dims = sorted(d % 4 for d in ((dims,) if isinstance(dims, int) else dims or ()))
@@ -291,6 +296,29 @@ class _Lowering:
         # -1, not the batch: the interpreter can then be resized to [N, H, W, C] (batch predict)
         out = self.g.reshape(x.name, (-1, h * w * c), name=self.name(node))
         return _V(out, None if h * w == 1 else (h, w, c))
+
+    def subsample(self, node: fx.Node) -> _V:
+        """``x[:, :, ::s, ::s]`` (a strided shortcut's subsample) is a 1x1 max pool at stride s:
+        VALID gives (H - 1) // s + 1 rows, the slice's ceil(H / s)."""
+        idx = node.args[1] if len(node.args) > 1 else None
+        full = slice(None)
+        steps = [t.step for t in idx[2:]] if isinstance(idx, tuple) and len(idx) == 4 and \
+            idx[:2] == (full, full) and all(isinstance(t, slice) and t.start is None and
+                                            t.stop is None for t in idx[2:]) else None
+        if not steps or steps[0] != steps[1] or not isinstance(steps[0], int):
+            raise self.fail(node, "only x[:, :, ::s, ::s] indexing is supported")
+        x = self.arg(node, 0, 4).name
+        return _V(self.g.max_pool2d(x, 1, steps[0], "VALID", name=self.name(node)))
+
+    def channel_pad(self, node: fx.Node) -> _V:
+        """Zero channels appended at the end (a pad-at-end shortcut): PAD on NHWC's last axis."""
+        pad = list(self.option(node, 1, "pad", ()))
+        mode, value = self.option(node, 2, "mode", "constant"), self.option(node, 3, "value", None)
+        if len(pad) != 6 or any(pad[:4]) or mode != "constant" or value not in (None, 0, 0.0):
+            raise self.fail(node, "only zero padding of the channels of an NCHW map, "
+                                  "F.pad(x, (0, 0, 0, 0, before, after)), is supported")
+        x = self.arg(node, 0, 4).name
+        return _V(self.g.pad(x, [(0, 0), (0, 0), (0, 0), (pad[4], pad[5])], name=self.name(node)))
 
     def cat(self, node: fx.Node) -> _V:
         xs = node.args[0] if node.args else node.kwargs.get("tensors")

@@ -29,7 +29,7 @@ _PASS_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, n
                  nn.Dropout)
 SUPPORTED = ("Conv2d (plain or depthwise), BatchNorm2d after a conv, Linear, ReLU, ReLU6, "
              "MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Identity, Dropout, +, torch.cat, "
-             "flatten, mean over H and W")
+             "flatten, mean over H and W, x[:, :, ::s, ::s], F.pad of channels at the end")
 
 
 def fail(node: fx.Node, why: str) -> ConfigError:
@@ -97,7 +97,7 @@ class Plan:
             if r in self.added and self.residual == "inner":
                 why = "residual stream (residual='inner')"
             elif r in self.added:  # stage mode, but the stream carries a fixed-width value
-                why = f"residual stream summed with the {self.fixed[r].split(' ')[0]}"
+                why = f"residual stream with a full-width member ({self.fixed[r]})"
             else:
                 why = self.fixed.get(r, "not nested")
             return f"full width: {why}"
@@ -246,9 +246,11 @@ def _function(node: fx.Node, env: dict, plan: Plan, relu6_nodes: set) -> list:
             raise fail(node, "concatenates the network input: its channel count is unknown")
         return segs
     if fn is F.pad:
-        _option_a(node)
-        raise fail(node, "F.pad is not supported (the exporter has no lowering for it); use a "
-                         "1x1 projection shortcut")
+        return _pad_at_end(node, env, plan)
+    if fn is operator.getitem:
+        if _spatial_stride(node) is None:
+            raise fail(node, "only x[:, :, ::s, ::s] (a strided spatial subsample) is supported")
+        return _arg(node, env)
     if fn in _RELU_FN or fn is F.hardtanh and tuple(node.args[1:3]) == (0.0, 6.0):
         if _RELU_FN.get(fn, "relu6") == "relu6":
             relu6_nodes.add(node)
@@ -266,7 +268,42 @@ def _option_a(node: fx.Node) -> None:
     if len(pad) >= 6 and pad[4] and pad[5]:
         raise fail(node, f"pads channels on both sides ({pad[4]}, {pad[5]}), like ResNet's "
                          "'option A' shortcut: the identity's channels sit in the middle, so no "
-                         "prefix truncation keeps the sum aligned; use a 1x1 projection shortcut")
+                         "prefix truncation keeps the sum aligned; use a 1x1 projection shortcut "
+                         "or pad the new channels at the end")
+
+
+def _spatial_stride(node: fx.Node) -> int | None:
+    """s for ``x[:, :, ::s, ::s]``, else None (the exporter lowers it as a 1x1 max pool)."""
+    idx = node.args[1] if len(node.args) > 1 else None
+    full = slice(None, None, None)
+    if not isinstance(idx, tuple) or len(idx) != 4 or idx[:2] != (full, full):
+        return None
+    a, b = idx[2:]
+    ok = all(isinstance(t, slice) and t.start is None and t.stop is None and
+             isinstance(t.step, int) and t.step >= 1 for t in (a, b))
+    return a.step if ok and a.step == b.step else None
+
+
+def _pad_at_end(node: fx.Node, env: dict, plan: Plan) -> list:
+    """Zero channels appended after the identity (a pad-at-end shortcut): aligned under prefix
+    truncation only if neither side is cut, so the padded value and its input stay full width
+    (a stream they join is not nested, in either residual mode)."""
+    _option_a(node)
+    pad = list(node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ()))
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", None)
+    if len(pad) != 6 or any(pad[:5]) or pad[5] <= 0 or mode != "constant" or value not in (
+            None, 0, 0.0):
+        raise fail(node, f"only zero channels padded at the end, F.pad(x, (0, 0, 0, 0, 0, n)), "
+                         f"are supported; got pad={pad} mode={mode!r} value={value!r}")
+    segs = _arg(node, env)
+    if any(ch is None for _, ch, _ in segs):
+        raise fail(node, "pads the network input: its channel count is unknown")
+    for s, _, _ in segs:
+        plan.fixed.setdefault(s, "padded into a shortcut (pad at the end)")
+    out = plan.new_space()
+    plan.fixed[out] = "padded shortcut (pad at the end)"
+    return [(out, sum(ch for _, ch, _ in segs) + pad[5], None)]
 
 
 def _decide(plan: Plan, residual: str) -> None:

@@ -18,7 +18,9 @@ conv bias before a BN moves into the BN's running mean). The rules:
   identically (if the stream also carries the un-nested stem or the input, it stays full width).
 - a shortcut that cannot stay aligned under prefix truncation (ResNet-20's "option A":
   ``F.pad`` of new channels on both sides of the identity) is a ConfigError; use a 1x1
-  projection. A pad at the end is aligned but not yet exportable (no lowering): also refused.
+  projection, or pad at the end (``x[:, :, ::2, ::2]`` then ``F.pad(x, (0, 0, 0, 0, 0, n))``):
+  aligned as long as the padded value and its input stay full width, which they do (a
+  stream they join is not nested, in either mode).
 - **groups** is a maximum: each group holds a multiple of 4 channels (TFLite/XNNPACK), so a
   layer with C channels gets the largest g <= groups with C % (4 g) == 0 (C < 4 * groups: C // 4).
 - the **rescale** (BN³ App. 8.2) folds backwards into BN through ReLU or no activation, as in

@@ -22,6 +22,7 @@ CASES = {
     "resnet20-inner": (lambda: nest(ResNet20Cifar()), (32, 32, 3)),
     "resnet20-stage": (lambda: nest(ResNet20Cifar(), residual="stage", nest_stem=True),
                        (32, 32, 3)),
+    "resnet20-pad-at-end": (lambda: nest(ResNet20Cifar(shortcut="A-end")), (32, 32, 3)),
     "mobilenet_v2": (lambda: nest(torchvision.models.mobilenet_v2(num_classes=10)), (32, 32, 3)),
     "sequential": (lambda: nest(_user_cnn()), (8, 8, 1)),
 }

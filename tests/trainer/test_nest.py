@@ -106,6 +106,26 @@ def test_stage_mode_shares_one_unit_per_stream_and_truncates_summed_layers_ident
     assert L(model.body, "layers.3.conv2").ordering is not None
 
 
+def test_a_pad_at_end_shortcut_stays_aligned_by_staying_full_width():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    for residual in ("inner", "stage"):
+        model = nest(ResNet20Cifar(shortcut="A-end"), residual=residual, nest_stem=True)
+        model = model.double().eval()
+        randomise(model, 4)
+        for i in (3, 6):  # the blocks whose shortcut pads
+            assert L(model.body, f"layers.{i}.conv2").ordering is None
+        assert L(model.body, "layers.3.conv1").ordering is not None  # inside a block: nested
+        why = {r["layer"]: r["ordering"] for r in model.nest_summary}["layers.4.conv2"]
+        assert "pad at the end" in why or "residual='inner'" in why
+        for w in WIDTHS:
+            with torch.no_grad(), model.width(w):
+                masked = model(x)
+            with torch.no_grad():
+                cut = model.truncate(w).eval()(x)
+            assert float((masked - cut).abs().max() / masked.abs().max()) <= 1e-10
+
+
 def test_inner_mode_keeps_the_residual_stream_full_width():
     model = nest(ResNet20Cifar())
     body = model.body
