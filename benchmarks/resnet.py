@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import baseline_models as BM  # noqa: E402
-from baselines import _nhwc, _subset, bundle_rows, evaluate, baseline_rows, train_subset  # noqa: E402
+from baselines import (_nhwc, _subset, baseline_rows, bundle_rows, evaluate,  # noqa: E402
+                       train_subset)
 from edge_sdk.bundle import read_manifest  # noqa: E402
 from exporters.export import ExportOptions, export_bundle  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -69,8 +70,10 @@ def runtime_latency(bundle: Path, x: np.ndarray, repeats: int) -> dict[str, floa
 def run_ours(cfg, mode: str, args, eval_sets, labels, x_rt) -> list[dict]:
     from trainer.config import apply_overrides
 
+    # width_mult 1: ResNet-20's own 16/32/64 channels (the cifar10 config halves VGG's)
+    kwargs = f"{{residual: {mode}, nest_stem: {mode == 'stage'}}}"
     mcfg = apply_overrides(cfg, ["model.name=resnet20_cifar", "model.width_mult=1.0",
-                                 f"model.kwargs={{residual: {mode}, nest_stem: {mode == 'stage'}}}"])
+                                 f"model.kwargs={kwargs}"])
     work = Path(args.out) / f"ours-{mode}"
     with train_subset(args.max_train):
         res = train(mcfg, work / "trained", progress=False, log=lambda *a: None)
@@ -106,7 +109,8 @@ def main() -> None:
     cfg = load_config("cifar10", over + ([f"train.epochs={args.epochs}"] if args.epochs else []))
     data = load_data(cfg.data)
     train_ds = _subset(data.train, args.max_train)
-    cap = lambda ds: ds if not args.max_eval else subset(ds, np.arange(min(args.max_eval, len(ds))))  # noqa: E731
+    def cap(ds):
+        return ds if not args.max_eval else subset(ds, np.arange(min(args.max_eval, len(ds))))
     sets = {"val": batches(cap(data.val)), "test": batches(cap(data.test))}
     labels = {k: np.concatenate([y.numpy() for _, y in b]) for k, b in sets.items()}
     eval_sets = {"val": _nhwc(cap(data.val)), "test": _nhwc(cap(data.test))}

@@ -1,5 +1,5 @@
-"""The layers and the model that :func:`trainer.nest` (trainer/nesting.py) builds (issue 20, "Bring your own
-network"; BN³ §3.2-3.4, App. 8.1-8.2).
+"""The layers and the model that :func:`trainer.nest` (trainer/nesting.py) builds (issue 20,
+"Bring your own network"; BN³ §3.2-3.4, App. 8.1-8.2).
 
 :class:`NestConv2d` and :class:`NestLinear` are the Bayesian nested blocks of
 :mod:`trainer.layers` plus two facts about their *input* that a hand-written model never needs:
@@ -26,8 +26,6 @@ from torch import fx, nn
 
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear, _inverse_softplus
 from trainer.models.base import NestedModel
-from trainer.ordering import DownhillOrdering
-
 Segment = tuple  # (DownhillOrdering | None, channels: int, fold: bool)
 
 
@@ -85,8 +83,8 @@ class NestLinear(_Segmented, BayesNestedLinear):
 
 
 class NestedGraphModel(NestedModel):
-    """A user's network after :func:`trainer.nest` (trainer/nesting.py): the rewritten fx graph (``body``) and the
-    per-layer summary (``nest_summary``)."""
+    """A user's network after :func:`trainer.nest` (trainer/nesting.py): the rewritten fx graph
+    (``body``) and the per-layer summary (``nest_summary``)."""
 
     def __init__(self, body: fx.GraphModule, summary: list[dict], classifier: str | None):
         super().__init__()
@@ -147,7 +145,8 @@ def _input_plan(layer: BayesNestedLayer, kept: dict, keep_prob: dict):
         k = ch if unit is None else kept[id(unit)] * (ch // unit.groups)
         if f and unit is not None:
             fold = True
-            scales.append(keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(ch // unit.groups))
+            size = ch // unit.groups
+            scales.append(keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size))
         else:
             scales.append(torch.ones(k))
     return idx, torch.cat(scales) if fold else None
@@ -181,4 +180,4 @@ def _scale_rows(layer: BayesNestedLayer, s: torch.Tensor) -> None:
         F.softplus(layer.weight_rho.detach()) * s.to(layer.weight_rho).view(view)))
 
 
-__all__ = ["NestConv2d", "NestLinear", "NestedGraphModel", "DownhillOrdering"]
+__all__ = ["NestConv2d", "NestLinear", "NestedGraphModel"]

@@ -93,7 +93,8 @@ def test_stage_mode_shares_one_unit_per_stream_and_truncates_summed_layers_ident
     stage2 = [L(body, "layers.3.conv2"), L(body, "layers.3.shortcut.0"), L(body, "layers.4.conv2"),
               L(body, "layers.5.conv2")]
     assert all(m.ordering is stage2[0].ordering for m in stage2)
-    assert body.conv1.ordering is L(body, "layers.0.conv2").ordering  # the nested stem joins stage 1
+    # the nested stem joins stage 1's stream
+    assert body.conv1.ordering is L(body, "layers.0.conv2").ordering
     assert L(body, "layers.3.conv1").ordering is not stage2[0].ordering  # inside a block: its own
     for w in WIDTHS:
         cut = model.truncate(w).body
