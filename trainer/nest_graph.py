@@ -189,6 +189,9 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
         elif node.op == "get_attr":
             raise fail(node, "reads a parameter or buffer in forward (not a layer)")
         elif node.op == "call_module" and isinstance(modules[node.target], (nn.Conv2d, nn.Linear)):
+            if any(x.node.target == node.target for x in plan.blocks):
+                raise fail(node, "the layer is called twice (shared weights): each call would "
+                                 "need its own ordering and batch norm")
             b = _make_block(node, modules[node.target], modules)
             absorbed.update(b.absorbed)
             b.inputs = _arg(node, env)

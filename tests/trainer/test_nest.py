@@ -248,6 +248,7 @@ class _Unsupported(nn.Module):
         self.conv = nn.Conv2d(3, 16, 3)
         self.bn = nn.BatchNorm2d(16)
         self.group = nn.Conv2d(16, 16, 3, groups=4)
+        self.group2 = nn.Conv2d(16, 16, 1)
         self.fc = nn.Linear(16 * 36, 10)
 
     def forward(self, x):
@@ -258,6 +259,8 @@ class _Unsupported(nn.Module):
             y = self.bn(F.relu(y))
         elif self.what == "grouped":
             return self.fc(self.group(y).mean((2, 3)).repeat(1, 36))
+        elif self.what == "shared":
+            y = self.group2(self.group2(F.relu(y)))
         return self.fc(y.view(y.size(0), -1))
 
 
@@ -267,6 +270,7 @@ class _Unsupported(nn.Module):
     (lambda: _Unsupported("view"), {}, r"fx node 'size' \(call_method size\): unsupported method"),
     (lambda: _Unsupported("bn"), {}, r"fx node 'bn' .*standalone batch norm"),
     (lambda: _Unsupported("grouped"), {}, r"fx node 'group' .*grouped conv with groups=4"),
+    (lambda: _Unsupported("shared"), {}, r"fx node 'group2_1' .*called twice"),
     (lambda: ResNet20Cifar(shortcut="A"), {}, r"fx node 'pad' \(call_function pad\): pads "
                                               "channels on both sides.*option A"),
     (_ReluSixAdd, {"residual": "stage", "nest_stem": True},
