@@ -51,11 +51,13 @@ def distillation_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor)
 
 def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor, *,
                mask_coupling: str, sandwich: bool, distill: bool, noise: bool,
-               regularizer: Callable[[], torch.Tensor]) -> StepResult:
+               regularizer: Callable[[], torch.Tensor],
+               min_width: float | None = None) -> StepResult:
     """Forward and backward every pass of one step (the caller zeroes grads and steps).
 
     ``net`` is ``model`` or its DDP wrapper; ``regularizer()`` is added once per step (to the
-    first pass); ``noise=False`` runs every Bayesian layer at its posterior mean.
+    first pass); ``noise=False`` runs every Bayesian layer at its posterior mean;
+    ``min_width`` is the sandwich rule's narrowest width (default: the model's minimum).
     """
     means = contextlib.nullcontext() if noise else model.weight_mode("mean")
     total = 0.0
@@ -88,7 +90,7 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
         loss.backward()
         total += loss.item()
         if sandwich:
-            with model.width(model.min_width(), scaled=False):
+            with model.width(min_width or model.min_width(), scaled=False):
                 loss = target_loss(net(x))
             loss.backward()
             total += loss.item()
@@ -101,4 +103,11 @@ def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: to
     use the same one, so fine-tuning never drifts the widths training kept)."""
     return train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
                       sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
-                      regularizer=regularizer)
+                      regularizer=regularizer, min_width=sandwich_min_width(model, cfg))
+
+
+def sandwich_min_width(model: NestedModel, cfg: Config) -> float:
+    """The sandwich rule's narrowest width: ``train.min_width``, else the smallest width the
+    model is evaluated and exported at (``train.eval_widths``), never below what it can run."""
+    w = cfg.train.min_width or min(cfg.train.eval_widths)
+    return max(w, model.min_width())

@@ -34,7 +34,7 @@ from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
 from trainer.ordering import tau_schedule
-from trainer.regime import train_step
+from trainer.regime import sandwich_min_width, train_step
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -209,6 +209,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
 
     from tqdm import tqdm
     step = start_epoch * steps_per_epoch
+    min_width = sandwich_min_width(model, cfg)
     first_noisy = noise_epoch(cfg)
     for epoch in range(start_epoch, cfg.train.epochs):
         if sampler is not None:
@@ -236,7 +237,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
             opt.zero_grad(set_to_none=True)
             out = train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
                              sandwich=cfg.train.sandwich, distill=cfg.train.distill,
-                             noise=noise, regularizer=reg_fn)
+                             noise=noise, regularizer=reg_fn, min_width=min_width)
             logits = out.logits
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)

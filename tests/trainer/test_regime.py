@@ -111,6 +111,30 @@ def test_sandwich_visits_full_sampled_and_smallest_width_every_step():
     assert all(u.fixed_groups is None for u in units), "fixed widths must be restored"
 
 
+def test_sandwich_trains_the_configured_narrowest_width():
+    """min_width: the narrowest pass is the width asked for (snapped up to a group), and the
+    config's default is the smallest served width (eval_widths), not the model's 1/groups."""
+    from trainer.config import load_config
+    from trainer.regime import sandwich_min_width
+
+    model = _model(groups=8)
+    model.set_mask_scope("batch")
+    model.train()
+    visits = []
+    layer = model.nested_layers()[0]
+    h = layer.register_forward_hook(lambda m, i, o: visits.append(m.ordering.fixed_groups))
+    x, y = _batch()
+    _step(model, x, y, sandwich=True, min_width=0.25)
+    h.remove()
+    assert visits == [8, None, 2]
+    cfg = load_config("digits", ["train.eval_widths=[0.5, 1.0]"])
+    assert sandwich_min_width(model, cfg) == 0.5
+    cfg = load_config("digits", ["train.min_width=0.3"])
+    assert sandwich_min_width(model, cfg) == 0.3
+    cfg = load_config("digits", ["train.eval_widths=[0.05, 1.0]"])
+    assert sandwich_min_width(model, cfg) == model.min_width() == 0.125  # never below the model
+
+
 def test_without_sandwich_a_step_is_one_sampled_pass():
     model = _model()
     model.train()
