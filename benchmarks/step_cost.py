@@ -1,0 +1,104 @@
+"""Cost of one training step per regime, measured in one process (issue 17, goal 4).
+
+Time to the bundle is steps x cost per step, so the per-step cost is what a regime choice
+changes; measured here interleaved in one process (machine noise hits every row alike), median of
+repeats, on random data of the config's input shape:
+
+  plain      the config's graph from stock layers, one pass (the deterministic baseline)
+  US-Nets    the same graph slimmable: max + min + 2 random widths, in-place distillation
+  ours ...   the nested model through trainer.regime.train_step: one Downhill pass or the
+             sandwich rule (full + Downhill + the narrowest served width), with posterior means
+             (deterministic: what training runs with bayes.noise_start 1) or weight noise
+             (local reparameterisation: what PWFN's fine-tuning runs)
+
+    python benchmarks/step_cost.py [--config cifar10] [--width-mult 0.5] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_models
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import baseline_models as BM  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+from trainer.models import create_model  # noqa: E402
+from trainer.regime import train_step  # noqa: E402
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="cifar10")
+    p.add_argument("--width-mult", type=float, default=0.5)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=6)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_config(args.config, [f"model.width_mult={args.width_mult}"])
+    size, channels = (32, 3) if cfg.model.name == "nested_vgg" else (28, 1)
+    arch = dict(num_classes=10, in_channels=channels, input_size=size)
+    x = torch.randn(args.batch_size, channels, size, size)
+    y = torch.randint(0, 10, (args.batch_size,))
+    torch.manual_seed(0)
+    nested = create_model(cfg.model.name, width_mult=args.width_mult, **arch)
+    nested.set_mask_scope("batch")
+    plain = BM.plain_net(cfg, 1.0, **arch)
+    slim = BM.slimmable_net(BM.plain_net(cfg, 1.0, **arch))
+    gen = torch.Generator().manual_seed(0)
+    narrowest = min(cfg.train.eval_widths)
+
+    def plain_step():
+        plain.train()
+        F.cross_entropy(plain(x), y).backward()
+
+    def slim_step():  # benchmarks/baseline_models.train_slimmable's step
+        slim.train()
+        BM.set_width(slim, 1.0)
+        logits = slim(x)
+        F.cross_entropy(logits, y).backward()
+        soft = torch.softmax(logits.detach(), -1)
+        for w in [narrowest, *(narrowest + (1 - narrowest) * torch.rand(2, generator=gen)).tolist()]:
+            BM.set_width(slim, w)
+            (-(soft * torch.log_softmax(slim(x), -1)).sum(1).mean()).backward()
+        BM.set_width(slim, 1.0)
+
+    def ours(sandwich: bool, noise: bool):
+        def step():
+            nested.train()
+            train_step(nested, nested, x, y, mask_coupling="layer", sandwich=sandwich,
+                       distill=True, noise=noise, regularizer=lambda: torch.zeros(()),
+                       min_width=narrowest)
+        return step
+
+    rows = {"plain (one pass)": plain_step, "US-Nets (4 passes)": slim_step,
+            "ours, Downhill pass, means": ours(False, False),
+            "ours, Downhill pass, noise": ours(False, True),
+            "ours, sandwich, means (training)": ours(True, False),
+            "ours, sandwich, noise (PWFN fine-tuning)": ours(True, True)}
+    cost = {name: median_seconds(fn, args.repeats) for name, fn in rows.items()}
+    print(f"{cfg.model.name} width_mult {args.width_mult}, batch {args.batch_size}, "
+          f"{args.threads} threads, median of {args.repeats}")
+    base = cost["plain (one pass)"]
+    for name, s in cost.items():
+        print(f"{name:<42}{1000 * s:>9.0f} ms/step{s / base:>7.2f}x plain")
+
+
+if __name__ == "__main__":
+    main()
