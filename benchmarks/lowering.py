@@ -15,7 +15,6 @@ Markdown table; asserts nothing (tests/exporters/test_tflite.py and test_lowerin
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -28,10 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support import randomise  # noqa: E402
 
 from edge_sdk.tflite_writer import write_tflite  # noqa: E402
-from exporters.fold import fold_affine  # noqa: E402
+from exporters.weights import with_graph_weights  # noqa: E402
 from exporters.measure import run_tflite  # noqa: E402
 from exporters.tflite import lower_point_slice, prepare_weights  # noqa: E402
-from trainer.layers import BayesNestedLayer  # noqa: E402
 from trainer.models import create_model  # noqa: E402
 
 MODELS = {"nested_cnn_small": (8, 8, 1), "nested_vgg": (32, 32, 3),
@@ -43,14 +41,6 @@ def torch_logits(model, x: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(x).double().permute(0, 3, 1, 2)).numpy()
 
 
-def dequantized(model, weights):
-    ref = copy.deepcopy(model)
-    for name, layer in ref.named_modules():
-        if isinstance(layer, BayesNestedLayer):
-            a, _ = fold_affine(layer)
-            eff = weights[name].effective().astype(np.float64)
-            layer.weight_mu.data = torch.from_numpy(eff / a.reshape((-1,) + (1,) * (eff.ndim - 1)))
-    return ref
 
 
 def diff(a: np.ndarray, b: np.ndarray) -> str:
@@ -92,7 +82,7 @@ def main() -> None:
                 buf = write_tflite(graph, arrays)
                 out = run_tflite(buf, x)[:, 0]  # [N, 1, C] -> [N, C]
                 if route == "dequantize":
-                    own = diff(out, torch_logits(dequantized(small, prepare_weights(small)), x))
+                    own = diff(out, torch_logits(with_graph_weights(small, prepare_weights(small)), x))
                     grid = diff(out, ref)
                 else:
                     own, grid = (diff(out, ref), "-") if route == "float" else ("-", diff(out, ref))

@@ -10,7 +10,7 @@ import numpy as np
 
 from edge_sdk.bundle import WEIGHT_ROUTES  # the manifest's weight routes, defined once
 from edge_sdk.errors import ConfigError
-from exporters.fold import fold_layer, fold_scale
+from exporters.fold import fold_affine, fold_layer, fold_scale
 from trainer.layers import BayesNestedLayer
 from trainer.models.base import NestedModel
 
@@ -164,3 +164,20 @@ def prepare_weights(model: NestedModel, weights: str = "dequantize",
         out[name] = LayerWeights(name, w, b, fs, quant, route)
     return out
 
+
+
+def with_graph_weights(model: NestedModel, weights: dict[str, LayerWeights]) -> NestedModel:
+    """A copy of ``model`` whose torch forward uses exactly the weights a written graph holds
+    (each layer's effective, e.g. dequantized int8 x scale, weights unfolded again), so only
+    float arithmetic separates it from the interpreter: the reference for "TFLite == torch"."""
+    import copy
+
+    import torch
+
+    ref = copy.deepcopy(model)
+    for name, layer in ref.named_modules():
+        if isinstance(layer, BayesNestedLayer):
+            a, _ = fold_affine(layer)
+            eff = weights[name].effective().astype(np.float64)
+            layer.weight_mu.data = torch.from_numpy(eff / a.reshape((-1,) + (1,) * (eff.ndim - 1)))
+    return ref

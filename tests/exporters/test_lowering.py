@@ -1,7 +1,6 @@
 """The fx lowering (issue 20, "One lowering and one writer"): any network made of the supported
 nodes exports through one lowering and edge_sdk's writer, with no per-model code; the head and
 all scopes; the description round-trips; unsupported nodes name themselves."""
-import copy
 import json
 
 import numpy as np
@@ -15,11 +14,11 @@ import exporters.tflite as T
 from edge_sdk.errors import ConfigError
 from edge_sdk.graph import Graph
 from edge_sdk.tflite_writer import write_tflite
-from exporters.fold import fold_affine
+from exporters.weights import with_graph_weights
 from exporters.slice import posterior_samples, sliced_heads, stack_heads, with_weights
 from exporters.tflite import export_point_slice, lower_point_slice, prepare_weights
 from support import randomise
-from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
+from trainer.layers import BayesNestedConv2d, BayesNestedLinear
 from trainer.models import create_model, list_models
 from trainer.models.base import NestedModel
 from trainer.ordering import DownhillOrdering
@@ -83,15 +82,6 @@ def run_torch(model, x):
         return model(torch.from_numpy(x).double().permute(0, 3, 1, 2)).numpy()
 
 
-def graph_weights_model(model, weights):
-    """``model`` running exactly the weights the graph holds (int8 x scale, unfolded again)."""
-    ref = copy.deepcopy(model)
-    for name, layer in ref.named_modules():
-        if isinstance(layer, BayesNestedLayer):
-            a, _ = fold_affine(layer)
-            eff = weights[name].effective().astype(np.float64)
-            layer.weight_mu.data = torch.from_numpy(eff / a.reshape((-1,) + (1,) * (eff.ndim - 1)))
-    return ref
 
 
 def rel(a, b):
@@ -112,7 +102,7 @@ def test_a_user_network_exports_through_the_generic_lowering(width, mean_pool):
 
     buf, info = export_point_slice(small, (1, 8, 8, 3), weights="dequantize")
     out = run_tflite(buf, x)
-    assert rel(out, run_torch(graph_weights_model(small, prepare_weights(small)), x)) <= 1e-5
+    assert rel(out, run_torch(with_graph_weights(small, prepare_weights(small)), x)) <= 1e-5
     assert 0 < rel(out, ref) < 0.1  # the int8 grid is the only other difference
 
 

@@ -9,7 +9,8 @@ from torch import nn
 
 from exporters.tflite import export_point_slice, lower_point_slice, prepare_weights
 from support import randomise
-from test_lowering import graph_weights_model, rel, run_tflite, run_torch
+from exporters.weights import with_graph_weights
+from test_lowering import rel, run_tflite, run_torch
 from trainer.models.plain import ResNet20Cifar
 from trainer.nesting import nest
 
@@ -55,7 +56,7 @@ def test_nested_user_networks_export_equal_to_torch(nested, width):
     assert rel(run_tflite(buf, x), ref) <= 1e-5
     buf, _ = export_point_slice(small, (1, *hwc), weights="dequantize")
     out = run_tflite(buf, x)
-    assert rel(out, run_torch(graph_weights_model(small, prepare_weights(small)), x)) <= 1e-5
+    assert rel(out, run_torch(with_graph_weights(small, prepare_weights(small)), x)) <= 1e-5
     assert 0 < rel(out, ref) < 0.2  # the int8 grid is the only other difference
     # the slice is really narrower: every nested layer kept its share of channels
     # (a width inside a group rounds up to the group boundary)

@@ -1,5 +1,4 @@
 """TFLite writer and point-slice exporter: LiteRT logits == torch, folding, int8 parameters."""
-import copy
 
 import numpy as np
 import pytest
@@ -10,7 +9,8 @@ from ai_edge_litert.interpreter import Interpreter
 from hypothesis import given, settings, strategies as st
 
 from edge_sdk.errors import ConfigError
-from exporters.fold import fold_affine, fold_layer, fold_scale
+from exporters.fold import fold_layer, fold_scale
+from exporters.weights import with_graph_weights
 from exporters.tflite import (ChannelQuant, GraphBuilder, export_point_slice, graph_stats,
                               prepare_weights, quantize_per_channel)
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
@@ -61,16 +61,6 @@ def run_torch(model, x):
         return model(torch.from_numpy(x).double().permute(0, 3, 1, 2)).numpy()
 
 
-def with_graph_weights(model, weights):
-    """A copy of ``model`` whose torch forward uses exactly the weights the graph holds
-    (dequantized int8 x scale, unfolded again), so only float32 arithmetic separates the two."""
-    ref = copy.deepcopy(model)
-    for name, layer in ref.named_modules():
-        if isinstance(layer, BayesNestedLayer):
-            a, _ = fold_affine(layer)
-            eff = weights[name].effective().astype(np.float64)
-            layer.weight_mu.data = torch.from_numpy(eff / a.reshape((-1,) + (1,) * (eff.ndim - 1)))
-    return ref
 
 
 def torch_macs_and_params(model, x):
