@@ -84,18 +84,39 @@ class _Reader:
         pos = self._field(table, index)
         return pos + self._unpack("<I", pos) if pos else 0
 
-    def length(self, vector: int) -> int:
-        return self._unpack("<I", vector) if vector else 0
+    def length(self, vector: int, item: int = 1) -> int:
+        """Element count of ``vector``, refused when its ``item``-byte elements would run past
+        the end of the file (a truncated or forged file must fail here, in Python, not inside
+        an interpreter that trusts it: tflite-runtime 2.14 segfaults on a truncated model)."""
+        if not vector:
+            return 0
+        n = self._unpack("<I", vector)
+        if vector + 4 + n * item > len(self.buf):
+            raise BundleError(f"{self.what}: not a valid TFLite flatbuffer (a vector of {n} "
+                              f"items at offset {vector} runs past the end of the "
+                              f"{len(self.buf)}-byte file: truncated?)")
+        return n
 
     def tables(self, vector: int) -> list[int]:
         out = []
-        for i in range(self.length(vector)):
+        for i in range(self.length(vector, 4)):
             pos = vector + 4 + 4 * i
             out.append(pos + self._unpack("<I", pos))
         return out
 
     def ints(self, vector: int) -> list[int]:
-        return [self._unpack("<i", vector + 4 + 4 * i) for i in range(self.length(vector))]
+        return [self._unpack("<i", vector + 4 + 4 * i) for i in range(self.length(vector, 4))]
+
+    def check_buffers(self, model: int) -> None:
+        """Every constant buffer's bytes lie inside the file (Model.buffers = field 4; Buffer
+        .data = field 0, or .offset/.size = fields 1/2 for data stored after the flatbuffer)."""
+        for b in self.tables(self.ref(model, 4)):
+            self.length(self.ref(b, 0))
+            offset, size = self.scalar(b, 1, "<Q", 0), self.scalar(b, 2, "<Q", 0)
+            if offset > 1 and offset + size > len(self.buf):
+                raise BundleError(f"{self.what}: not a valid TFLite flatbuffer (a buffer at "
+                                  f"offset {offset} of {size} bytes runs past the end of the "
+                                  f"{len(self.buf)}-byte file: truncated?)")
 
 
 def read_ops(data: bytes, what: str = "model") -> list[OpInfo]:
@@ -151,6 +172,8 @@ def read_io(data: bytes, what: str = "model") -> tuple[list[IOTensor], list[IOTe
     BundleError naming ``what`` on a malformed file or one without a subgraph."""
     r = _Reader(data, what)
     model = r.root()
+    r.check_buffers(model)
+    read_ops(data, what)  # walks every operator and tensor: bounds-checked before any interpreter
     subgraphs = r.tables(r.ref(model, 2))
     if not subgraphs:
         raise BundleError(f"{what}: the model has no subgraph")
