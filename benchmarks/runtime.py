@@ -69,7 +69,7 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
     batch_m = edge_sdk.load(bundle, threads=1)
     spec = loop_m.input_spec
     lo, hi = spec.value_range
-    xs = np.random.default_rng(1).uniform(lo, hi, (max(ns), *spec.shape[1:])).astype(np.float32)
+    xs = np.random.default_rng(1).uniform(lo, hi, (max(ns), *spec.shape[1:])).astype(spec.dtype)
     resizable = batch_m.manifest.batch_resizable
     print(f"batch dimension resizable: {resizable} (schema {batch_m.manifest.schema_version}); "
           f"median of {repeats} rounds, samples/s; 'raw' = the interpreter's batched invoke "
@@ -217,7 +217,7 @@ def main() -> None:
     model = edge_sdk.load(args.bundle, threads=1)
     spec = model.input_spec
     lo, hi = spec.value_range
-    x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)
+    x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(spec.dtype)
     configs = model.manifest.configurations
     points = [c for c in configs if c.scope == "point"]
     full = max(points, key=lambda c: c.width)
@@ -243,7 +243,7 @@ def main() -> None:
               f" us")
     if args.data is None:
         xs = np.random.default_rng(2).uniform(lo, hi, (args.samples, *spec.shape[1:])) \
-            .astype(np.float32)
+            .astype(spec.dtype)  # the declared raw dtype: a uint8 bundle refuses floats
         ys = None
     else:
         from trainer.config import DataConfig
