@@ -191,7 +191,8 @@ class TrainConfig:
     # the sandwich rule's narrowest width; null = the smallest of eval_widths (the narrowest
     # width the exporter serves), not the model's minimum (frozen / groups = 1/8), which left
     # the served 0.25 to the rare Downhill draws that stop there: Fashion-MNIST validation
-    # (18k subset, 5 epochs) 80.3 -> 88.0 % at width 0.25, +0.7 / +0.5 / -0.1 pt at 0.5..1
+    # (18k subset, 5 epochs) 80.3 -> 88.0 % at width 0.25, +0.7 / +0.5 / -0.1 pt at 0.5..1;
+    # cifar10_dev (width_mult 0.25, 6 epochs) +7.7 / +2.4 / +0.5 / -2.6 pt at 0.25..1
     min_width: float | None = _opt(None, min=0.0, max=1.0, min_exclusive=True)
     # in-place distillation: with sandwich, the sampled and smallest widths learn the full
     # width's (detached) soft predictions instead of the labels
