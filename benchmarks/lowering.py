@@ -15,9 +15,7 @@ Markdown table; asserts nothing (tests/exporters/test_tflite.py and test_lowerin
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support import randomise  # noqa: E402
+from timing import median_ms  # noqa: E402  (benchmarks/, the script's directory)
 
 from edge_sdk.tflite_writer import write_tflite  # noqa: E402
 from exporters.weights import with_graph_weights  # noqa: E402
@@ -48,13 +47,6 @@ def diff(a: np.ndarray, b: np.ndarray) -> str:
     return f"{d:.2e} / {d / np.abs(b).max():.2e}"
 
 
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:

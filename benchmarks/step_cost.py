@@ -16,9 +16,7 @@ repeats, on random data of the config's input shape:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_models
@@ -27,19 +25,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import baseline_models as BM  # noqa: E402
+from timing import median_ms  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.models import create_model  # noqa: E402
 from trainer.regime import train_step  # noqa: E402
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -92,7 +83,7 @@ def main() -> None:
             "ours, Downhill pass, noise": ours(False, True),
             "ours, sandwich, means (training)": ours(True, False),
             "ours, sandwich, noise (PWFN fine-tuning)": ours(True, True)}
-    cost = {name: median_seconds(fn, args.repeats) for name, fn in rows.items()}
+    cost = {name: median_ms(fn, args.repeats, warmup=1) / 1e3 for name, fn in rows.items()}
     print(f"{cfg.model.name} width_mult {args.width_mult}, batch {args.batch_size}, "
           f"{args.threads} threads, median of {args.repeats}")
     base = cost["plain (one pass)"]

@@ -15,22 +15,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import statistics
-import time
 from pathlib import Path
 
 import edge_sdk
 from edge_sdk.backends import check_parses, interpreter_class
 from edge_sdk.bundle import check_slice, read_manifest, read_slices, verify_bytes
+from timing import median_ms  # benchmarks/, the script's directory
 
 
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -60,14 +52,14 @@ def main() -> None:
             for e in c.files:
                 check_slice(blobs[e.name], e.name, c, m.input, m.batch_dim)
 
-    rows = [("read files (no check)", _median_ms(read_only, args.repeats)),
-            ("size + sha256 on the bytes", _median_ms(sha_only, args.repeats)),
-            ("tensor shapes vs manifest", _median_ms(shapes_only, args.repeats)),
-            ("read_slices (all of the above)", _median_ms(lambda: read_slices(root, m),
+    rows = [("read files (no check)", median_ms(read_only, args.repeats)),
+            ("size + sha256 on the bytes", median_ms(sha_only, args.repeats)),
+            ("tensor shapes vs manifest", median_ms(shapes_only, args.repeats)),
+            ("read_slices (all of the above)", median_ms(lambda: read_slices(root, m),
                                                           args.repeats)),
-            (f"interpreter parse check ({backend})", _median_ms(lambda: check_parses(cls, blobs),
+            (f"interpreter parse check ({backend})", median_ms(lambda: check_parses(cls, blobs),
                                                                args.repeats)),
-            ("load() as a whole", _median_ms(lambda: edge_sdk.load(root, profile=None),
+            ("load() as a whole", median_ms(lambda: edge_sdk.load(root, profile=None),
                                              args.repeats))]
     print(f"bundle {root}: {len(entries)} files, {mb:.3f} MB; host {os.cpu_count()} CPUs; "
           f"median of {args.repeats}")
@@ -76,7 +68,7 @@ def main() -> None:
         print(f"{name:<40} {ms:9.3f} {ms / mb:9.2f}")
     if args.synthetic_mb:
         blob = os.urandom(args.synthetic_mb << 20)
-        ms = _median_ms(lambda: hashlib.sha256(blob).hexdigest(), max(3, args.repeats // 4))
+        ms = median_ms(lambda: hashlib.sha256(blob).hexdigest(), max(3, args.repeats // 4))
         print(f"{'sha256 of in-memory bytes':<40} {ms:9.3f} "
               f"{ms / (len(blob) / 1e6):9.2f}  ({args.synthetic_mb} MiB)")
 

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import copy
 
 import torch
 import torch.nn.functional as F
@@ -106,10 +105,7 @@ class NestedGraphModel(NestedModel):
     def truncate(self, width: float) -> "NestedGraphModel":
         """As :meth:`NestedModel.truncate`, with concatenated inputs cut per segment and a ReLU6
         producer's keep probabilities folded forward into its consumers' input weights."""
-        self.check_width(width)
-        new = copy.deepcopy(self)
-        kept = {id(u): u.groups_for_width(width) for u in new.orderings()}
-        keep_prob = {id(u): u.keep_probability().detach() for u in new.orderings()}
+        new, kept, keep_prob = self._copy_to_truncate(width)
         plan = []
         for layer in new.bayes_layers():
             out_keep = scale = None

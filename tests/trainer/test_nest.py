@@ -16,6 +16,16 @@ torch.set_num_threads(1)
 WIDTHS = [0.25, 0.5, 1.0]
 
 
+def assert_truncation_is_masking(model, x):
+    """At every width, the truncated copy computes what the masked full model computes."""
+    for w in WIDTHS:
+        with torch.no_grad(), model.width(w):
+            masked = model(x)
+        with torch.no_grad():
+            cut = model.truncate(w).eval()(x)
+        assert float((masked - cut).abs().max() / masked.abs().max()) <= 1e-10
+
+
 def user_cnn(classes=10):
     """A user-style nn.Sequential CNN for 8x8 grey inputs: biases before BN and without BN."""
     return nn.Sequential(
@@ -79,12 +89,7 @@ def test_truncation_computes_what_the_masked_network_computes(name, residual):
     model = nest(make(), **kw).double().eval()
     randomise(model, 1)
     x = torch.randn(2, *shape, dtype=torch.float64)
-    for w in WIDTHS:
-        with torch.no_grad(), model.width(w):
-            masked = model(x)
-        with torch.no_grad():
-            cut = model.truncate(w).eval()(x)
-        assert float((masked - cut).abs().max() / masked.abs().max()) <= 1e-10
+    assert_truncation_is_masking(model, x)
 
 
 def test_stage_mode_shares_one_unit_per_stream_and_truncates_summed_layers_identically():
@@ -119,12 +124,7 @@ def test_a_pad_at_end_shortcut_stays_aligned_by_staying_full_width():
         assert L(model.body, "layers.3.conv1").ordering is not None  # inside a block: nested
         why = {r["layer"]: r["ordering"] for r in model.nest_summary}["layers.4.conv2"]
         assert "pad at the end" in why or "residual='inner'" in why
-        for w in WIDTHS:
-            with torch.no_grad(), model.width(w):
-                masked = model(x)
-            with torch.no_grad():
-                cut = model.truncate(w).eval()(x)
-            assert float((masked - cut).abs().max() / masked.abs().max()) <= 1e-10
+        assert_truncation_is_masking(model, x)
 
 
 def test_inner_mode_keeps_the_residual_stream_full_width():

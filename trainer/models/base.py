@@ -110,6 +110,15 @@ class NestedModel(nn.Module):
         return sum((m.weight_kl() for m in self.bayes_layers()), self._zero())
 
     # ---- truncation ----------------------------------------------------------------------
+    def _copy_to_truncate(self, width: float) -> tuple["NestedModel", dict, dict]:
+        """(a deep copy, kept groups per unit id, keep probabilities per unit id) at ``width``:
+        what every truncation starts from."""
+        self.check_width(width)
+        new = copy.deepcopy(self)
+        kept = {id(u): u.groups_for_width(width) for u in new.orderings()}
+        keep_prob = {id(u): u.keep_probability().detach() for u in new.orderings()}
+        return new, kept, keep_prob
+
     def truncate(self, width: float) -> "NestedModel":
         """A copy with every nested layer cut to ``width`` (its next layer's inputs follow).
 
@@ -117,10 +126,7 @@ class NestedModel(nn.Module):
         by their keep probabilities, so in eval it computes exactly what the masked full model
         computes under ``with model.width(width)``.
         """
-        self.check_width(width)
-        new = copy.deepcopy(self)
-        kept = {id(u): u.groups_for_width(width) for u in new.orderings()}
-        keep_prob = {id(u): u.keep_probability().detach() for u in new.orderings()}
+        new, kept, keep_prob = self._copy_to_truncate(width)
         plan = []
         for layer in new.bayes_layers():
             out_keep = scale = in_keep = None
