@@ -1,0 +1,20 @@
+"""The weight store (issue 21, docs/store.md): one copy of the network for every width and
+posterior sample. Torch-free: numpy only.
+
+- :mod:`.packing`: bit-packed codebook indices and non-zero masks;
+- :mod:`.sampler`: the pinned counter-based sampler ``hash32-v1`` (normals, categoricals);
+- :mod:`.container`: the ``store.bin`` file format (a JSON index plus named arrays).
+"""
+from edge_sdk.store.container import (ALIGN, DTYPES, FORMAT_VERSION, MAGIC, Store,
+                                      decode_store, encode_store)
+from edge_sdk.store.packing import (bits_for, pack_bits, pack_mask, packed_size, unpack_bits,
+                                    unpack_mask)
+from edge_sdk.store.sampler import (NORMAL_BOUND, NORMAL_SCALE, SAMPLER, categorical, hash32,
+                                    normal, stream_id, uniform_u16, uniform_u32)
+
+__all__ = [
+    "ALIGN", "DTYPES", "FORMAT_VERSION", "MAGIC", "Store", "decode_store", "encode_store",
+    "bits_for", "pack_bits", "pack_mask", "packed_size", "unpack_bits", "unpack_mask",
+    "NORMAL_BOUND", "NORMAL_SCALE", "SAMPLER", "categorical", "hash32", "normal", "stream_id",
+    "uniform_u16", "uniform_u32",
+]

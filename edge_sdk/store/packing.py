@@ -1,0 +1,118 @@
+"""Bit packing of codebook indices (docs/store.md section 2).
+
+A layer's weights are stored as indices into a small sorted codebook of K values. An index
+needs ``ceil(log2 K)`` bits, so a 16-entry codebook costs 4 bits a weight instead of 8 (int8) or
+32 (float32). The stream format is the simplest one with no per-platform choice in it:
+
+- value ``i`` occupies bits ``[i * bits, (i + 1) * bits)`` of the stream;
+- bit ``b`` of the stream is bit ``b % 8`` (least significant first) of byte ``b // 8``
+  (little-endian bit order, the one ``np.packbits(bitorder="little")`` writes);
+- the stream is ``ceil(count * bits / 8)`` bytes; the padding bits of the last byte are zero,
+  and the reader refuses non-zero padding (one canonical encoding per index array, so the
+  store's sha256 pins the values).
+
+``bits = 0`` (K = 1: every weight is the one codebook value) stores no bytes at all.
+
+Everything is vectorised numpy (``packbits``/``unpackbits`` on whole arrays): a layer of a few
+million weights packs or unpacks in milliseconds on a phone-class CPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from edge_sdk.errors import BundleError, ConfigError
+
+__all__ = ["MAX_BITS", "bits_for", "packed_size", "pack_bits", "unpack_bits", "pack_mask",
+           "unpack_mask"]
+
+MAX_BITS = 32  # indices are read back as uint16 (bits <= 16) or uint32
+
+
+def bits_for(k: int) -> int:
+    """Bits per index for a codebook of ``k`` entries: ``ceil(log2 k)``.
+
+    ``k = 1`` -> 0 (nothing stored), 2 -> 1, ``2**b`` -> ``b``, ``2**b + 1`` -> ``b + 1``.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"codebook size must be an integer >= 1, got {k!r}")
+    bits = (int(k) - 1).bit_length()
+    if bits > MAX_BITS:
+        raise ConfigError(f"codebook size {k} needs {bits} bits per index, at most {MAX_BITS}")
+    return bits
+
+
+def _check_bits(bits: int) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) \
+            or not 0 <= bits <= MAX_BITS:
+        raise ConfigError(f"bits per index must be an integer in [0, {MAX_BITS}], got {bits!r}")
+    return int(bits)
+
+
+def packed_size(count: int, bits: int) -> int:
+    """Bytes of ``count`` indices packed at ``bits`` bits: ``ceil(count * bits / 8)``."""
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ConfigError(f"index count must be an integer >= 0, got {count!r}")
+    return (int(count) * _check_bits(bits) + 7) // 8
+
+
+def pack_bits(indices: np.ndarray, bits: int) -> bytes:
+    """Pack non-negative integer ``indices`` (any shape, read in C order) at ``bits`` bits each.
+
+    Refuses (``ConfigError``) a non-integer array, a negative value and a value ``>= 2**bits``:
+    a silently truncated index would decode to another codebook entry.
+    """
+    bits = _check_bits(bits)
+    values = np.asarray(indices)
+    if values.dtype.kind not in "ui" and not (values.dtype == bool):
+        raise ConfigError(f"indices must be an integer array, got dtype {values.dtype}")
+    flat = values.reshape(-1)
+    if flat.size == 0:
+        return b""
+    lo, hi = int(flat.min()), int(flat.max())
+    if lo < 0 or hi >= (1 << bits):
+        bad = lo if lo < 0 else hi
+        raise ConfigError(f"index {bad} does not fit in {bits} bits: values must be in "
+                          f"[0, {(1 << bits) - 1}]")
+    if bits == 0:
+        return b""
+    # each value as 4 little-endian bytes -> 32 bits LSB first; keep the low `bits` of each row
+    words = flat.astype("<u4").view(np.uint8).reshape(-1, 4)
+    rows = np.unpackbits(words, axis=1, bitorder="little")[:, :bits]
+    return np.packbits(rows.reshape(-1), bitorder="little").tobytes()
+
+
+def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> np.ndarray:
+    """The ``count`` indices packed in ``buf`` at ``bits`` bits each, as a new 1-D array.
+
+    dtype uint16 for ``bits <= 16``, else uint32. Refuses (``BundleError``) a buffer that is not
+    exactly ``ceil(count * bits / 8)`` bytes, or whose padding bits are not zero.
+    """
+    bits = _check_bits(bits)
+    expected = packed_size(count, bits)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if raw.size != expected:
+        raise BundleError(f"packed indices: expected {expected} bytes for {count} values at "
+                          f"{bits} bits, got {raw.size} bytes")
+    dtype = np.uint16 if bits <= 16 else np.uint32
+    if count == 0 or bits == 0:
+        return np.zeros(count, dtype=dtype)
+    stream = np.unpackbits(raw, bitorder="little")
+    if stream[count * bits:].any():
+        raise BundleError(f"packed indices: padding bits after {count} values at {bits} bits "
+                          f"must be zero (the canonical encoding), got non-zero")
+    width = np.dtype(dtype).itemsize * 8
+    rows = np.zeros((count, width), dtype=np.uint8)
+    rows[:, :bits] = stream[:count * bits].reshape(count, bits)
+    packed = np.packbits(rows, axis=1, bitorder="little")  # (count, itemsize) little-endian
+    return packed.view(np.dtype(dtype).newbyteorder("<")).reshape(count).astype(dtype)
+
+
+def pack_mask(mask: np.ndarray) -> bytes:
+    """A non-zero mask (``mask != 0``, C order) at one bit per element (SQS's exact sparsity)."""
+    return pack_bits(np.asarray(mask).reshape(-1) != 0, 1)
+
+
+def unpack_mask(buf: bytes | bytearray | memoryview, count: int) -> np.ndarray:
+    """The boolean mask of ``count`` elements :func:`pack_mask` wrote (refuses as
+    :func:`unpack_bits` does)."""
+    return unpack_bits(buf, 1, count).astype(bool)
