@@ -367,8 +367,11 @@ class Policy:
                                self.predicted_latency_ms(first, n)), final), ok,
                         why + f"; cascade: {first.id} answers when confident "
                               f"(expected {expected:.4g} ms vs {lat_best:.4g} ms)")
-        # no exported plans: climb the widths of best's scope on the target-accuracy thresholds
+        # no exported plans: climb the widths of best's scope and sample count on the
+        # target-accuracy thresholds (one rung per width: with S = 1 .. S_max each its own
+        # configuration, a width has several of a scope)
         ladder = sorted((c for c in self._configs if c.scope == best.scope
+                         and c.samples == best.samples
                          and c.width <= best.width and self.fits(c, budget, n=n)),
                         key=lambda c: c.width) or [best]
         stages = []

@@ -23,7 +23,8 @@ from typing import Callable
 import numpy as np
 
 from edge_sdk.backends import check_bundle, interpreter_class
-from edge_sdk.bundle import Configuration, Manifest, read_manifest, read_slices
+from edge_sdk.bundle import Configuration, Manifest, read_manifest
+from edge_sdk.bundle.materialized import SliceSource, open_slices
 from edge_sdk.errors import BudgetError, ConfigError, ProfileError
 from edge_sdk.explain import ExplainRow, Explanation
 from edge_sdk.inputs import InputChecker
@@ -78,9 +79,12 @@ class EdgeModel(Executor):
         _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
         self.bundle_dir = Path(bundle_dir)
         self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
-        # every slice read once, sha256-verified and shape-checked on those bytes; interpreters
-        # are built from them only (a file swapped after load() never runs)
-        self._slices = read_slices(self.bundle_dir, self.manifest)
+        # interpreters are built from these verified bytes only (a file swapped after load()
+        # never runs). A files bundle: every slice read once here, sha256-verified and
+        # shape-checked on those bytes. A store bundle: store.bin read once here and verified;
+        # each slice materialised from it on first use and verified (sha256 == the manifest's,
+        # tensors) before any interpreter sees it, cached LRU under memory_cap_mb
+        self._slices: SliceSource = open_slices(self.bundle_dir, self.manifest, memory_cap_mb)
         key = f"{target_accuracy:g}"
         missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
         if missing:
@@ -91,8 +95,12 @@ class EdgeModel(Executor):
         self._target_key = key
         self.threads = threads
         self._interp_cls, self.backend = interpreter_class(backend)  # BackendError if none
-        # nothing it answers wrongly, and every slice parses with this backend
-        check_bundle(self.bundle_dir, self.manifest, self.backend, self._slices, self._interp_cls)
+        # nothing it answers wrongly, and every slice parses with this backend (a store
+        # bundle: one materialised, verified slice per distinct graph, see load_check)
+        checked, stand_ins = self._slices.load_check()
+        check_bundle(self.bundle_dir, self.manifest, self.backend, checked, self._interp_cls,
+                     stand_ins)
+        del checked
         self.profile, self.latency_source, priors = self._priors(profile)
         self._inputs = InputChecker(self.manifest.input)
         self._classes = len(self.manifest.labels)
@@ -111,6 +119,7 @@ class EdgeModel(Executor):
                     f"memory_cap_mb {self.memory_cap_mb:g} MB is below every configuration's "
                     f"memory need: the smallest, {small.id}, needs "
                     f"{self.policy.memory_need_mb(small):.4g} MB")
+        self._share_mb = self._file_shares()
         self.budget = Budget()
         self._clock = clock
         self._local = threading.local()
@@ -307,12 +316,13 @@ class EdgeModel(Executor):
         """The prediction ``c``'s ``[S, C]`` logits make (tests of the maths)."""
         return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met)
 
-    def _build(self, c: Configuration) -> list:
-        """The interpreters of ``c``, created and allocated: ``[(interpreter, input index,
-        output index)]`` per file."""
+    def _build(self, c: Configuration, files=None) -> list:
+        """The interpreters of ``c``'s files (``files``: only those), created and allocated:
+        ``[(interpreter, input index, output index)]`` per file. A store bundle's slice is
+        materialised and verified here if it is not resident (part of the first-use cost)."""
         interps = []
-        for f in c.files:
-            # the bytes verified at load(), never the file again
+        for f in c.files if files is None else files:
+            # verified bytes only: read and checked at load(), or materialised and checked
             it = self._interp_cls(model_content=self._slices[f.name], num_threads=self.threads,
                                   model_name=f.name)
             it.allocate_tensors()
@@ -325,39 +335,78 @@ class EdgeModel(Executor):
         """``c``'s interpreters for this thread at batch 1 (benchmarks)."""
         return self._resident(c, 1)[0]
 
+    def _file_shares(self) -> dict[str, float]:
+        """MB charged per resident file: its configuration's memory need split over its files
+        by size (the first configuration listing it sets it; all-scope configurations of
+        several S list the same sample files and have the same share per file)."""
+        shares: dict[str, float] = {}
+        for c in self.manifest.configurations:
+            total = sum(f.bytes for f in c.files)
+            for f in c.files:
+                shares.setdefault(f.name, self.policy.memory_need_mb(c) * f.bytes / total)
+        return shares
+
     def _resident(self, c: Configuration, n: int = 1) -> tuple[list, float]:
-        """(interpreters of ``c`` for this thread at batch ``n``, ms spent building or
-        resizing them in this call: kept out of the latency estimate). A new interpreter is
-        warmed up by one invoke, so no call's measurement includes its first-use cost."""
+        """(interpreters of ``c`` for this thread at batch ``n``, ms spent materialising,
+        building or resizing them in this call: kept out of the latency estimate). Cached per
+        thread by *file*, so configurations sharing files (the all scope at S = 1 .. S_max
+        lists the same sample files) share interpreters. A new interpreter is warmed up by one
+        invoke, so no call's measurement includes its first-use cost."""
         cache: OrderedDict = getattr(self._local, "cache", None)
         if cache is None:
             cache = self._local.cache = OrderedDict()
-        entry = cache.get(c.id)
         spent = 0.0
-        if entry is None:
-            t0 = self._clock()
-            entry = [self._build(c), 1]
-            for it, inp, _ in entry[0]:
-                it.set_tensor(inp, np.zeros(self._inputs.want, np.float32)[None])
-                it.invoke()
-            spent = (self._clock() - t0) * 1000
-            with self._lock:
-                self.policy.first_use_ms[c.id] = spent
-            cache[c.id] = entry
-            if self.memory_cap_mb is not None:
-                while len(cache) > 1 and sum(self.policy.memory_need_mb(self._configs[k])
-                                             for k in cache) > self.memory_cap_mb:
-                    cache.popitem(last=False)  # least recently used
+        files = c.files
+        if len(files) == 1:  # point and head: the common case, kept lean
+            entry = cache.get(files[0].name)
+            if entry is not None:
+                cache.move_to_end(files[0].name)
+                entries = (entry,)
+            else:
+                entries, spent = self._add(cache, c, files)
         else:
-            cache.move_to_end(c.id)
-        if entry[1] != n:
+            missing = [f for f in files if f.name not in cache]
+            if missing:
+                _, spent = self._add(cache, c, missing)
+            for f in files:
+                cache.move_to_end(f.name)
+            entries = tuple(cache[f.name] for f in files)
+        if any(e[1] != n for e in entries):
             t0 = self._clock()
-            for it, inp, _ in entry[0]:
-                it.resize_tensor_input(inp, [n, *self._inputs.want])
-                it.allocate_tensors()
-            entry[1] = n
+            for e in entries:
+                if e[1] != n:
+                    it, inp, _ = e[0]
+                    it.resize_tensor_input(inp, [n, *self._inputs.want])
+                    it.allocate_tensors()
+                    e[1] = n
             spent += (self._clock() - t0) * 1000
-        return entry[0], spent
+        return [e[0] for e in entries], spent
+
+    def _add(self, cache: OrderedDict, c: Configuration, files) -> tuple[tuple, float]:
+        """Build and warm up ``files`` of ``c`` into this thread's ``cache``, record ``c``'s
+        first-use cost, then evict least recently used files (never ``c``'s) beyond
+        ``memory_cap_mb``."""
+        t0 = self._clock()
+        entries = []
+        for f, interp in zip(files, self._build(c, files)):
+            it, inp, _ = interp
+            it.set_tensor(inp, np.zeros(self._inputs.want, np.float32)[None])
+            it.invoke()
+            entries.append([interp, 1])
+        spent = (self._clock() - t0) * 1000
+        with self._lock:
+            self.policy.first_use_ms[c.id] = spent
+        for f, e in zip(files, entries):
+            cache[f.name] = e
+        if self.memory_cap_mb is not None:
+            keep = {f.name for f in c.files}
+            total = sum(self._share_mb[k] for k in cache)
+            for k in [k for k in cache if k not in keep]:  # least recently used first
+                if total <= self.memory_cap_mb:
+                    break
+                del cache[k]
+                total -= self._share_mb[k]
+        return tuple(entries), spent
 
     def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
         """[S, C] logits of one normalised sample and the wall time of the invokes (tests)."""

@@ -96,7 +96,8 @@ class Executor:
                 interps, built = self._resident(c, n)
             except _RESIZE_ERRORS:
                 self._batchable[c.id] = False  # remember: this slice loops
-                self._local.cache.pop(c.id, None)  # a failed resize leaves it unusable
+                for f in c.files:  # a failed resize leaves them unusable
+                    self._local.cache.pop(f.name, None)
             else:
                 t0 = self._clock()
                 outs = []

@@ -18,8 +18,13 @@ def invoke_clock(m: runtime.EdgeModel, step_ms: float) -> runtime.EdgeModel:
     """``m`` on an :class:`InvokeClock`: every configuration built (and warmed up) first, so
     each call's latency is exactly its invokes, ``step_ms`` apiece."""
     clock = InvokeClock(step_ms)
+    seen = set()
     for c in m.manifest.configurations:
         for it, _, _ in m._interpreters(c):
+            if id(it) in seen:  # configurations sharing a file share its interpreter
+                continue
+            seen.add(id(it))
+
             def invoke(real=it.invoke):
                 real()
                 clock.t += clock.step

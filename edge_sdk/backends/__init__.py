@@ -224,19 +224,24 @@ def check_parses(interp_cls: Any, blobs: dict[str, bytes]) -> None:
 
 
 def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
-                 blobs: dict[str, bytes] | None = None, interp_cls: Any = None) -> None:
+                 blobs: dict[str, bytes] | None = None, interp_cls: Any = None,
+                 stand_ins: dict[str, str] | None = None) -> None:
     """Refuse (BackendError) a bundle holding a configuration ``backend`` would answer wrongly,
     naming the configurations and what to do instead. ``blobs`` (name -> verified bytes, from
     :func:`edge_sdk.bundle.read_slices`): inspect those instead of reading the files; with
-    ``interp_cls`` too, every slice must also parse (:func:`check_parses`)."""
-    _check_known_wrong(bundle_dir, manifest, backend, blobs)
+    ``interp_cls`` too, every slice must also parse (:func:`check_parses`). ``stand_ins``
+    (file name -> a name in ``blobs``): a store bundle checks one materialised slice per
+    distinct graph, which stands for the files that differ from it only in weight values
+    (:mod:`edge_sdk.bundle.materialized`)."""
+    _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins)
     if blobs is not None and interp_cls is not None:
         # after the known-wrong rules: their message says more than the op resolver's
         check_parses(interp_cls, blobs)
 
 
 def _check_known_wrong(bundle_dir: str | Path, manifest: Any, backend: str,
-                       blobs: dict[str, bytes] | None) -> None:
+                       blobs: dict[str, bytes] | None,
+                       stand_ins: dict[str, str] | None = None) -> None:
     if not any(b == backend for b, _, _ in KNOWN_WRONG):
         return
     from edge_sdk.bundle import resolve_file
@@ -244,6 +249,7 @@ def _check_known_wrong(bundle_dir: str | Path, manifest: Any, backend: str,
     def reasons_for(name: str) -> list[str]:
         if blobs is None:
             return unrunnable(resolve_file(bundle_dir, name), backend)
+        name = name if stand_ins is None else stand_ins.get(name, name)
         return unrunnable_bytes(blobs[name], name, backend)
 
     bad: dict[str, list[str]] = {}

@@ -29,8 +29,8 @@ def counting(m):
     m.invokes = []
     real = m._build
 
-    def build(c):
-        interps = real(c)
+    def build(c, *files):
+        interps = real(c, *files)
         for it, _, _ in interps:
             def counted(inner=it.invoke, cid=c.id):
                 m.invokes.append(cid)

@@ -77,9 +77,9 @@ def test_an_unmeasured_prior_includes_the_sdk_overhead(bundle):
 def slow_build(m, seconds: float):
     real = m._build
 
-    def build(c):
+    def build(c, *files):
         time.sleep(seconds)
-        return real(c)
+        return real(c, *files)
 
     m._build = build
     return m
@@ -105,8 +105,8 @@ def test_a_new_interpreter_is_warmed_up_before_its_first_call(bundle, x):
     invokes = []
     real = m._build
 
-    def build(cfg):
-        interps = real(cfg)
+    def build(cfg, *files):
+        interps = real(cfg, *files)
         for it, _, _ in interps:
             def counted(inner=it.invoke):
                 invokes.append(cfg.id)
