@@ -101,11 +101,15 @@ def encode_store(store: Store) -> bytes:
                          "bytes": len(blob)}
         blobs.append((offset, blob))
         offset += len(blob)
+    why = "it does not read back equal (a non-str key, a tuple?)"
     try:
         header = _canonical({"index": store.index, "arrays": entries})
+        ok = json.loads(header)["index"] == store.index  # json.dumps turns 1 into "1" silently
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"store index is not canonical JSON (str keys, finite numbers, "
-                          f"lists, dicts): {e}") from None
+        ok, why = False, str(e)
+    if not ok:
+        raise ConfigError(f"store index must be plain JSON (str keys, finite numbers, str, "
+                          f"bool, None, lists, dicts): {why}")
     start = _align(_PREFIX.size + len(header))
     out = bytearray(start + offset)
     _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, len(header))
