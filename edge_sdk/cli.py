@@ -5,10 +5,10 @@ are imported only when invoked, so device-side commands work without the worksta
 packages (torch) installed, and listing commands never imports any of them. Each entry
 point resolves to ``fn(argv: list[str]) -> int | None`` that parses its own arguments.
 
-The device wheel (``nested-edge-sdk``) registers run / bench / profile; the workstation wheel
-(``nested-edge-sdk-workstation``) adds train / quantize / export / report / demo. On a device
-install those are listed and answered with the one line that says how to get them (exit 2,
-nothing imported, nothing written).
+The device wheel (``nested-edge-sdk``) registers run / bench / profile / materialize; the
+workstation wheel (``nested-edge-sdk-workstation``) adds train / quantize / export / report /
+demo. On a device install those are listed and answered with the one line that says how to
+get them (exit 2, nothing imported, nothing written).
 """
 from __future__ import annotations
 

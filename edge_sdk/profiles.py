@@ -332,14 +332,17 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
     latency is the sum of its files' medians. Effective GMAC/s and per-invoke overhead come
     from a least-squares fit over the single-invoke configurations, per route (DEQUANTIZE and
     float slices -> fp32, hybrid -> int8). Returns the profile and one row per (threads,
-    configuration) with the measured and the fitted latency, so the fit can be judged."""
+    configuration) with the measured and the fitted latency, so the fit can be judged. A store
+    bundle's slices are materialised one at a time from its verified store (each checked
+    against its sha256, as load() does), so at most one is held in memory."""
     import statistics
     import time
 
     import numpy as np
 
     from edge_sdk.backends import check_bundle, interpreter_class
-    from edge_sdk.bundle import read_manifest, resolve_file
+    from edge_sdk.bundle import read_manifest
+    from edge_sdk.bundle.materialized import open_slices
 
     if repeats < 1:
         raise ProfileError(f"repeats must be >= 1, got {repeats}")
@@ -351,31 +354,33 @@ def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = N
         raise ProfileError(f"thread counts must be between 1 and this host's {host['cores']} "
                            f"cores, got {bad}")
     cls, backend = interpreter_class(backend)  # as load(): argument, EDGE_SDK_BACKEND, auto
-    check_bundle(bundle_dir, manifest, backend)
+    slices = open_slices(bundle_dir, manifest, memory_cap_mb=0)  # verified bytes only
+    checked, stand_ins = slices.load_check()
+    check_bundle(bundle_dir, manifest, backend, checked, None, stand_ins)
+    del checked
     spec = manifest.input
     x = np.random.default_rng(0).standard_normal(spec.shape).astype(np.float32)
     routes = {"dequantize": "fp32", "float": "fp32", "hybrid": "int8"}
     throughput: dict[str, dict[int, Throughput]] = {}
     latency: dict[int, dict[str, float]] = {}
+    per_file: dict[int, dict[str, float]] = {t: {} for t in threads}
+    for file_name in slices.names():  # each slice once (a store bundle: materialised once)
+        data = slices[file_name]
+        for t in threads:
+            it = cls(model_content=data, num_threads=t, model_name=file_name)
+            it.allocate_tensors()
+            it.set_tensor(it.get_input_details()[0]["index"], x)
+            for _ in range(3):
+                it.invoke()
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                it.invoke()
+                times.append(time.perf_counter() - t0)
+            per_file[t][file_name] = statistics.median(times) * 1e3
+            del it
     for t in threads:
-        per_file: dict[str, float] = {}
-        for c in manifest.configurations:
-            for f in c.files:
-                if f.name in per_file:
-                    continue
-                it = cls(model_path=str(resolve_file(bundle_dir, f.name)), num_threads=t)
-                it.allocate_tensors()
-                it.set_tensor(it.get_input_details()[0]["index"], x)
-                for _ in range(3):
-                    it.invoke()
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    it.invoke()
-                    times.append(time.perf_counter() - t0)
-                per_file[f.name] = statistics.median(times) * 1e3
-                del it
-        latency[t] = {c.id: sum(per_file[f.name] for f in c.files)
+        latency[t] = {c.id: sum(per_file[t][f.name] for f in c.files)
                       for c in manifest.configurations}
         for route in ("fp32", "int8"):
             single = [c for c in manifest.configurations

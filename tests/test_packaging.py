@@ -117,7 +117,7 @@ def test_device_wheel_requires_no_torch_and_litert_where_it_has_wheels(wheels):
 
 def test_device_wheel_registers_the_device_commands_and_the_script(wheels):
     z = wheels[DEVICE]
-    assert _entry_points(z, "edge_sdk.commands") == {"run", "bench", "profile"}
+    assert _entry_points(z, "edge_sdk.commands") == {"run", "bench", "profile", "materialize"}
     assert _entry_points(z, "console_scripts") == {"edge-sdk"}
 
 

@@ -39,7 +39,8 @@ from edge_sdk.bundle.reading import PathLike, resolve_file
 from edge_sdk.bundle.slices import _read_once, check_slice, read_slices, verify_bytes
 from edge_sdk.errors import BundleError, EdgeSdkError
 
-__all__ = ["FileSlices", "SliceSource", "StoreSlices", "open_slices", "read_store"]
+__all__ = ["FileSlices", "SliceSource", "StoreSlices", "files_manifest", "layout_of",
+           "materialize_bundle", "open_slices", "read_store", "representatives"]
 
 MB = 2 ** 20
 # what a broken store or recipe raises from numpy / struct / the writer: reported as a
@@ -289,3 +290,39 @@ def open_slices(bundle_dir: PathLike, manifest: Manifest,
         cap = None if memory_cap_mb is None else memory_cap_mb * MB
         return StoreSlices.read(bundle_dir, manifest, cap)
     return FileSlices.read(bundle_dir, manifest)
+
+
+def files_manifest(manifest: Manifest) -> Manifest:
+    """The ``layout: files`` manifest of a store bundle's slices: the same configurations and
+    file entries (so the same sha256 per file), without the store, the graphs and the recipes,
+    and ``source.materialized_from`` naming the store it came from (provenance; nothing
+    checks it)."""
+    data = manifest.to_dict()
+    store = data.pop("store")
+    data.pop("graphs", None)
+    data["layout"] = "files"
+    data["source"] = {**data.get("source", {}), "materialized_from": {
+        "store": store["name"], "sha256": store["sha256"], "bytes": store["bytes"]}}
+    for c in data["configurations"]:
+        c.pop("materialize", None)
+    return Manifest.from_dict(data)
+
+
+def materialize_bundle(bundle_dir: PathLike, out_dir: PathLike, *, force: bool = False
+                       ) -> tuple[Path, dict[str, float]]:
+    """Write the ``files`` bundle of store bundle ``bundle_dir`` at ``out_dir`` (``edge-sdk
+    materialize``): every file materialised once from the verified store and verified (sha256
+    == the store manifest's, tensors), then written atomically (:func:`write_bundle`, which
+    checks every sha256 again). Returns (the bundle path, ms per file)."""
+    from edge_sdk.bundle.reading import read_manifest
+    from edge_sdk.bundle.writing import write_bundle
+
+    manifest = read_manifest(bundle_dir, verify=False)
+    if layout_of(manifest) != "store":
+        raise BundleError(f"{bundle_dir}: already a files bundle (layout "
+                          f"{layout_of(manifest)!r}, schema version {manifest.schema_version}): "
+                          f"its .tflite files are in the directory, nothing to materialise")
+    source = StoreSlices.read(bundle_dir, manifest, cap_bytes=0)
+    files = {name: source.build(name) for name in source.names()}  # build: nothing cached
+    out = write_bundle(out_dir, files_manifest(manifest), files, force=force)
+    return out, dict(source.materialize_ms)
