@@ -51,6 +51,32 @@ OPS: dict[str, dict[str, Any]] = {
 }
 
 
+# the weighted layer kinds and the axis their per-channel int8 scales run along in TFLite
+# (CONV_2D / FULLY_CONNECTED filters: 0, the output channel; DEPTHWISE_CONV_2D [1, kh, kw, C]: 3)
+QUANT_AXIS = {"conv": 0, "depthwise": 3, "linear": 0}
+
+
+def tflite_weight(w: np.ndarray, kind: str, flat_hw: tuple[int, int] | None = None
+                  ) -> np.ndarray:
+    """A torch-layout weight in the graph's (TFLite's) layout: conv OIHW -> OHWI, depthwise
+    ``[C, 1, kh, kw]`` -> ``[1, kh, kw, C]``, linear ``[out, in]`` unchanged, except after a
+    flatten of an ``(H, W)`` map (``flat_hw``): torch flattened (C, H, W), NHWC flattens
+    (H, W, C), so the columns are permuted. The one definition, used by the exporter's
+    lowering and by the device-side materialiser (docs/store.md §3 step 3)."""
+    w = np.asarray(w)
+    if kind == "conv":
+        return w.transpose(0, 2, 3, 1)
+    if kind == "depthwise":
+        return w.transpose(1, 2, 3, 0)
+    if kind == "linear":
+        if flat_hw is None or tuple(flat_hw) == (1, 1):
+            return w
+        h, ww = flat_hw
+        o = w.shape[0]
+        return w.reshape(o, -1, h, ww).transpose(0, 2, 3, 1).reshape(o, -1)
+    raise ConfigError(f"weight kind must be one of {', '.join(QUANT_AXIS)}, got {kind!r}")
+
+
 @dataclass(frozen=True)
 class Quantization:
     """Symmetric per-channel int8: ``real = q * scale[c]`` along ``axis`` (TFLite schema

@@ -45,7 +45,7 @@ _CHECKOUT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = _CHECKOUT / "docs" / "manifest.schema.json" \
     if (_CHECKOUT / "pyproject.toml").is_file() else Path("manifest.schema.json")
 RECORDS: tuple[type, ...] = (B.Manifest, B.InputSpec, B.OutputSpec, B.FileEntry,
-                             B.Configuration)
+                             B.Configuration, B.StoreEntry, B.Recipe)
 
 _PROBABILITY = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
 
@@ -56,7 +56,22 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.schema_version": {
         "const": B.SCHEMA_VERSION, "required": True,
         "description": "The format version; a reader refuses any it does not know (read it "
-                       "first). edge_sdk also reads version 1: the same without batch_dim."},
+                       "first). edge_sdk also reads versions 2 (without layout, store, graphs "
+                       "and materialize: layout files) and 1 (version 2 without batch_dim)."},
+    "Manifest.layout": {
+        "enum": list(B.BUNDLE_LAYOUTS),
+        "description": "files: every listed .tflite file is in the bundle directory. store: "
+                       "the directory holds one weight store (store) and every file is "
+                       "materialised from it by its recipe (docs/store.md)."},
+    "Manifest.store": {
+        "description": "The weight store file (layout store; null otherwise): verify its size "
+                       "and sha256 before decoding it."},
+    "Manifest.graphs": {
+        "propertyNames": {"pattern": r"^(0\.[0-9][0-9]|1\.00)$"},
+        "additionalProperties": {"type": "object",
+                                 "required": ["tensors", "ops", "inputs", "outputs"]},
+        "description": "Layout store: width key ('0.50') -> that width's point graph "
+                       "description (edge_sdk.graph.Graph.to_dict; weights by reference)."},
     "Manifest.batch_dim": {
         "enum": [0, None],
         "description": "The slices' batch dimension (0: input [N, H, W, C] after "
@@ -151,6 +166,24 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                                  "description": "Per prediction, on the exporting host."},
     "Configuration.memory_mb": {"minimum": 0,
                                 "description": "RSS increase of loading and running it."},
+    "Configuration.materialize": {
+        "description": "Layout store: one recipe per file, in file order (how the file's "
+                       "bytes are made from the store); absent in a files-layout bundle."},
+    "StoreEntry.name": {
+        "pattern": r"^[^./\\:][^/\\:]*\.bin$",
+        "description": "The store file directly inside the bundle directory."},
+    "StoreEntry.sha256": {"pattern": "^[0-9a-f]{64}$",
+                          "description": "Lowercase hex; check it before decoding."},
+    "StoreEntry.bytes": {"minimum": 1},
+    "Recipe.width": {
+        "pattern": r"^(0\.[0-9][0-9]|1\.00)$",
+        "description": "A key of graphs: the width the slice is cut to."},
+    "Recipe.sample": {
+        "minimum": 0,
+        "description": "The posterior sample (scope all), or null: the point network."},
+    "Recipe.heads": {
+        "minimum": 0,
+        "description": "Head scope: S sampled classifiers stacked (output [S, C]); else 0."},
 }
 
 # keywords the generator emits and validate() implements; anything else is refused

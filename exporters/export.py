@@ -43,6 +43,9 @@ class ExportOptions:
     # the cost; ("point", "head", "all") exports the sampled scopes for an app that wants them
     scopes: Sequence[str] = ("point",)
     weights: str = "dequantize"  # int8 per-channel + DEQUANTIZE, or "float"
+    # "store" (issue 21, docs/store.md): one weight store, every slice materialised from it;
+    # "files": one .tflite per configuration file, for apps outside Python
+    layout: str = "files"
     targets: Sequence[float] = (0.9, 0.95, 0.99)  # accuracies the thresholds are fitted for
     # accuracy a two-stage cascade may give up against always running the wider configuration
     # (validation); 0.2 pt keeps the test-set loss inside the 0.3 pt the runtime issue asks for

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from edge_sdk.errors import ConfigError
+from edge_sdk.graph import QUANT_AXIS, tflite_weight
 from edge_sdk.graph_build import GraphBuilder
 from exporters.weights import LayerWeights
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
@@ -197,9 +198,17 @@ class _Lowering:
         return self.g.unique(target)
 
     # ---- ops ---------------------------------------------------------------------------------
-    def _weight(self, node: fx.Node, layer: BayesNestedLayer,
-                to_tflite: Callable[[np.ndarray], np.ndarray], axis: int) -> tuple[str, str]:
+    def _weight(self, node: fx.Node, layer: BayesNestedLayer, kind: str,
+                flat_hw: tuple[int, int] | None = None) -> tuple[str, str]:
+        """The layer's filter (int8 + DEQUANTIZE, int8 for hybrid, or float) and bias tensors;
+        the layout transform is :func:`edge_sdk.graph.tflite_weight` (shared with the store's
+        materialiser), int8 scales along :data:`edge_sdk.graph.QUANT_AXIS`."""
         name = node.target
+        axis = QUANT_AXIS[kind]
+
+        def to_tflite(w: np.ndarray) -> np.ndarray:
+            return tflite_weight(w, kind, flat_hw)
+
         lw = self.weights.get(name)
         if lw is None:
             raise self.fail(node, "no prepared weights for this layer")
@@ -220,7 +229,8 @@ class _Lowering:
         err = float(np.abs(lw.effective() - lw.weight).max()
                     / max(np.abs(lw.weight).max(), 1e-30))
         self.records.append({"layer": name, "shape": list(self.g.shape(wt)), "route": lw.route,
-                             "exact": lw.exact, "max_rel_error": err})
+                             "exact": lw.exact, "max_rel_error": err, "kind": kind,
+                             "flat_hw": None if flat_hw is None else list(flat_hw)})
         return wt, bt
 
     def conv(self, node: fx.Node, x: str, layer: BayesNestedConv2d) -> str:
@@ -240,10 +250,10 @@ class _Lowering:
             x = self.g.pad(x, [(0, 0), (p, p), (p, p), (0, 0)], name=f"{name}/pad")
             padding = "VALID"
         if layer.depthwise:
-            wt, bt = self._weight(node, layer, lambda w: w.transpose(1, 2, 3, 0), 3)
+            wt, bt = self._weight(node, layer, "depthwise")
             return self.g.depthwise_conv2d(x, wt, bt, stride=s, padding=padding,
                                            activation=layer.activation, name=name)
-        wt, bt = self._weight(node, layer, lambda w: w.transpose(0, 2, 3, 1), 0)  # OIHW->OHWI
+        wt, bt = self._weight(node, layer, "conv")  # OIHW -> OHWI
         return self.g.conv2d(x, wt, bt, stride=s, padding=padding, activation=layer.activation,
                              name=name)
 
@@ -254,13 +264,8 @@ class _Lowering:
             raise self.fail(node, f"{node.target} expects {layer.in_features} inputs flattened "
                                   f"from {layer.input_spatial} positions; the graph has "
                                   f"{list(shape)} from {h}x{w}")
-
-        def to_tflite(m: np.ndarray) -> np.ndarray:
-            # torch flattened (C, H, W); NHWC flattens (H, W, C): permute the columns.
-            o = m.shape[0]
-            return m.reshape(o, -1, h, w).transpose(0, 2, 3, 1).reshape(o, -1)
-
-        wt, bt = self._weight(node, layer, to_tflite, 0)
+        # torch flattened (C, H, W); NHWC flattens (H, W, C): the columns are permuted
+        wt, bt = self._weight(node, layer, "linear", (h, w))
         return self.g.fully_connected(x.name, wt, bt, activation=layer.activation,
                                       name=node.target)
 

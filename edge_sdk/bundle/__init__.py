@@ -9,10 +9,11 @@ bytes interpreters are built from), :mod:`.writing` (atomic write) and :mod:`.re
 export at a time, and what a killed one left). Import every name from
 here: ``from edge_sdk.bundle import Manifest``.
 
-Schema version 2 (``manifest.yaml``; version 1 is the same without ``batch_dim``, and still
-reads, as batch-1 slices)::
+Schema version 3 (``manifest.yaml``; version 2 is the same without ``layout``, ``store``,
+``graphs`` and ``materialize``, i.e. layout ``files``; version 1 is version 2 without
+``batch_dim``, and still reads, as batch-1 slices)::
 
-    schema_version: 2
+    schema_version: 3
     input:            # what predict accepts, before normalisation; model input = (raw - mean) / std
       shape: [1, H, W, C]
       layout: NHWC
@@ -25,6 +26,10 @@ reads, as batch-1 slices)::
     batch_dim: 0                      # the slices' batch dimension: resize_tensor_input(0,
                                       # [N, H, W, C]) runs N samples in one invoke, output
                                       # [N * rows, C]; null (or version 1): batch 1 only
+    layout: files | store             # files: the .tflite files are in the directory; store:
+                                      # one weight store, every file materialised from it
+                                      # (docs/store.md)
+    store: {name: store.bin, sha256: <64 hex>, bytes: <int>}   # layout store only
     configurations:                   # non-empty; ids unique
     - id: w0.50-head8
       width: 0.5                      # 0 < width <= 1
@@ -49,6 +54,12 @@ reads, as batch-1 slices)::
       test: {raw: {accuracy: ..., nll: ..., ece: ..., brier: ...}, calibrated: {...}}
       latency_ms: <float> | null      # measured on the exporting host; null with --no-measure
       memory_mb: <float> | null
+      materialize:                    # layout store only: one recipe per file, in file order
+      - {width: '0.50', sample: null, heads: 8}   # graphs key; sample index (all) or null;
+                                      # heads = S stacked sampled classifiers (head), else 0
+    graphs: {'0.50': {...}}           # layout store only: width key -> the width's point graph
+                                      # description (edge_sdk.graph.Graph.to_dict, weights by
+                                      # reference, int8 scales filled at materialisation)
 
 Every record is a frozen dataclass validated on construction; ``from_dict`` raises
 :class:`~edge_sdk.errors.BundleError` naming the dotted key path of the first problem
@@ -70,6 +81,7 @@ from edge_sdk.bundle.reading import (
     verify_files,
 )
 from edge_sdk.bundle.records import (
+    BUNDLE_LAYOUTS,
     FILE_SUFFIX,
     INPUT_DTYPES,
     LAYOUTS,
@@ -78,11 +90,15 @@ from edge_sdk.bundle.records import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     SCOPES,
+    STORE_SUFFIX,
     WEIGHT_ROUTES,
     FileEntry,
     InputSpec,
     OutputSpec,
+    Recipe,
+    StoreEntry,
     file_entry,
+    width_key,
 )
 from edge_sdk.bundle.recovery import ExportLock
 from edge_sdk.bundle.slices import check_slice, read_slices, verify_bytes
@@ -90,6 +106,7 @@ from edge_sdk.bundle.writing import write_bundle
 from edge_sdk.errors import BundleError  # noqa: F401 (tests and exporters reach it as bundle.BundleError)
 
 __all__ = [
+    "BUNDLE_LAYOUTS",
     "INPUT_DTYPES",
     "LAYOUTS",
     "MANIFEST_NAME",
@@ -97,6 +114,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "SCOPES",
+    "STORE_SUFFIX",
     "WEIGHT_ROUTES",
     "Configuration",
     "ExportLock",
@@ -104,6 +122,8 @@ __all__ = [
     "InputSpec",
     "Manifest",
     "OutputSpec",
+    "Recipe",
+    "StoreEntry",
     "check_slice",
     "file_entry",
     "manifest_to_yaml",
@@ -113,5 +133,6 @@ __all__ = [
     "sha256_file",
     "verify_bytes",
     "verify_files",
+    "width_key",
     "write_bundle",
 ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_sdk.bundle.records import (
+    BUNDLE_LAYOUTS,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     SCOPES,
@@ -17,8 +18,11 @@ from edge_sdk.bundle.records import (
     FileEntry,
     InputSpec,
     OutputSpec,
+    Recipe,
+    StoreEntry,
     _Record,
     _record,
+    _width_key,
 )
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import (
@@ -116,6 +120,16 @@ class Configuration(_Record):
     test: dict[str, dict[str, float]]
     latency_ms: float | None = None
     memory_mb: float | None = None
+    # schema version 3, layout store: how each file is materialised from the weight store, one
+    # recipe per file in file order (docs/store.md §5); None in a files-layout bundle
+    materialize: tuple[Recipe, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in schema key order; ``materialize`` only when set (store layout)."""
+        out = super().to_dict()
+        if self.materialize is None:
+            del out["materialize"]
+        return out
 
     @classmethod
     def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
@@ -174,7 +188,58 @@ class Configuration(_Record):
         out["test"] = _test_metrics(v["test"], join(path, "test"))
         out["latency_ms"] = optional_float(v["latency_ms"], join(path, "latency_ms"), ge=0.0)
         out["memory_mb"] = optional_float(v["memory_mb"], join(path, "memory_mb"), ge=0.0)
+        out["materialize"] = _recipes(v["materialize"], join(path, "materialize"), scope,
+                                      samples, len(files))
         return out
+
+
+def _recipes(value: object, path: str, scope: str, samples: int, count: int
+             ) -> tuple[Recipe, ...] | None:
+    """One recipe per file, each fitting the scope: point = the point network (sample null,
+    heads 0), head = S stacked heads (heads = samples), all = one distinct sample per file."""
+    if value is None:
+        return None
+    items = list_value(value, path)
+    if len(items) != count:
+        fail(path, f"expected one recipe per file ({count}), got {len(items)}")
+    recipes = tuple(_record(Recipe, item, f"{path}[{i}]") for i, item in enumerate(items))
+    for i, r in enumerate(recipes):
+        p = f"{path}[{i}]"
+        if scope == "head" and r.heads != samples:
+            fail(join(p, "heads"), f"expected {samples} (scope 'head', samples={samples}), got "
+                                   f"{r.heads}")
+        if scope != "head" and r.heads:
+            fail(join(p, "heads"), f"expected 0 for scope {scope!r}, got {r.heads}")
+        if scope == "point" and r.sample is not None:
+            fail(join(p, "sample"), f"expected null (the point network) for scope 'point', got "
+                                    f"{r.sample}")
+        if scope == "all" and r.sample is None:
+            fail(join(p, "sample"), "expected a sample index for scope 'all', got null")
+    if scope == "all":
+        seen: dict[int, int] = {}
+        for i, r in enumerate(recipes):
+            if r.sample in seen:
+                fail(f"{path}[{i}].sample", f"duplicate sample {r.sample} (also "
+                                            f"{path}[{seen[r.sample]}]): S distinct samples")
+            seen[r.sample] = i
+    return recipes
+
+
+def _graphs(value: object, path: str) -> dict[str, dict[str, Any]]:
+    """Width key -> a graph description (edge_sdk.graph.Graph.to_dict; checked in full when a
+    slice is materialised from it): plain data, one node budget for all of them."""
+    budget = NodeBudget()
+    out: dict[str, dict[str, Any]] = {}
+    for key, graph in mapping(value, path).items():
+        p = key_path(path, key)
+        _width_key(key, p)
+        g = plain(mapping(graph, p), p, budget)
+        for part in ("tensors", "ops", "inputs", "outputs"):
+            if not isinstance(g.get(part), list):
+                fail(join(p, part), "missing or not a list (a graph description: "
+                                    "edge_sdk.graph.Graph.to_dict)")
+        out[str(key)] = g
+    return out
 
 
 def _check_version(value: object, path: str) -> int:
@@ -197,6 +262,12 @@ class Manifest(_Record):
     (0), or None when the slices are batch-1 only (every version-1 bundle). When set, an
     interpreter resized to ``N`` along it (``resize_tensor_input``) answers ``[N * rows, C]``,
     rows ``n * rows`` to ``(n + 1) * rows - 1`` for sample ``n`` (``rows`` = output.shape[0]).
+
+    ``layout`` (schema version 3; older versions are ``files``): ``files`` = every listed file
+    is in the bundle directory; ``store`` = the directory holds one weight store (``store``)
+    and every configuration's files are virtual, materialised from it with the width's graph
+    description (``graphs``) by each file's recipe (``Configuration.materialize``), and
+    checked against the listed sha256 before use (docs/store.md).
     """
 
     schema_version: int = SCHEMA_VERSION
@@ -204,7 +275,16 @@ class Manifest(_Record):
     labels: tuple[str, ...]
     source: dict[str, Any] = field(default_factory=dict)
     batch_dim: int | None = None
+    layout: str = "files"
+    store: StoreEntry | None = None
     configurations: tuple[Configuration, ...]
+    # width key -> the width's point graph description, weights by reference (store layout)
+    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def is_store(self) -> bool:
+        """Whether the files are materialised from a weight store (layout ``store``)."""
+        return self.layout == "store"
 
     @property
     def num_classes(self) -> int:
@@ -220,6 +300,11 @@ class Manifest(_Record):
         out = super().to_dict()
         if self.schema_version < 2:
             del out["batch_dim"]
+        if self.schema_version < 3:
+            for key in ("layout", "store", "graphs"):
+                del out[key]
+        elif not self.is_store:
+            del out["store"], out["graphs"]
         return out
 
     @property
@@ -242,6 +327,18 @@ class Manifest(_Record):
             for entry in config.files:
                 seen.setdefault(entry.name, entry)
         return tuple(seen.values())
+
+    def stored_entries(self) -> tuple[FileEntry, ...]:
+        """The files the bundle directory holds: the store (layout store) or every listed
+        file (layout files)."""
+        return (self.store,) if self.is_store else self.file_entries()
+
+    def recipe(self, config: Configuration, i: int) -> Recipe:
+        """The recipe of file ``i`` of ``config`` (layout store); BundleError otherwise."""
+        if config.materialize is None:
+            raise BundleError(f"configuration {config.id!r} has no recipes (layout "
+                              f"{self.layout!r}: its files are in the bundle directory)")
+        return config.materialize[i]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], path: str = "") -> Manifest:
@@ -285,6 +382,34 @@ class Manifest(_Record):
                 fail(p, f"expected 0 (the N of the input's [N, H, W, C]) or null, got {batch_dim}")
         out["batch_dim"] = batch_dim
 
+        version = out["schema_version"]
+        layout = out["layout"] = choice(v["layout"], join(path, "layout"), BUNDLE_LAYOUTS)
+        if version < 3:
+            for key, empty in (("layout", "files"), ("store", None), ("graphs", {})):
+                if v[key] != empty:
+                    fail(join(path, key), f"needs schema version 3 (a version-{version} bundle "
+                                          "is a directory of .tflite files); set "
+                                          f"schema_version: 3 or remove {key}")
+        store = v["store"]
+        if layout == "store":
+            if store is None:
+                fail(join(path, "store"), "missing: layout 'store' needs the weight store's "
+                                          "{name, sha256, bytes}")
+            store = _record(StoreEntry, store, join(path, "store"))
+            graphs = _graphs(v["graphs"], join(path, "graphs"))
+            if not graphs:
+                fail(join(path, "graphs"), "expected one graph description per width "
+                                           "(layout 'store'), got none")
+        else:
+            if store is not None:
+                fail(join(path, "store"), "expected null for layout 'files' (a store needs "
+                                          "layout: store)")
+            if v["graphs"]:
+                fail(join(path, "graphs"), "expected none for layout 'files' (graphs describe "
+                                           "the slices materialised from a store)")
+            graphs = {}
+        out["store"], out["graphs"] = store, graphs
+
         p = join(path, "configurations")
         configs = tuple(
             _record(Configuration, item, f"{p}[{i}]")
@@ -327,6 +452,25 @@ class Manifest(_Record):
                     )
                 files[entry.name] = (entry, fp)
                 folded[lower] = entry.name
+        for i, config in enumerate(configs):
+            cp = f"{p}[{i}].materialize"
+            if layout == "store" and config.materialize is None:
+                fail(cp, "missing: layout 'store' needs one recipe per file")
+            if layout != "store" and config.materialize is not None:
+                fail(cp, "expected no recipes for layout 'files' (the files are in the bundle)")
+            for j, r in enumerate(config.materialize or ()):
+                if r.width not in graphs:
+                    fail(f"{cp}[{j}].width", f"no graph for width {r.width!r} (graphs has "
+                                             f"{', '.join(graphs) or 'none'})")
+        if layout == "store":  # one virtual file name, one recipe
+            recipe_of: dict[str, tuple[Recipe, str]] = {}
+            for i, config in enumerate(configs):
+                for j, (entry, r) in enumerate(zip(config.files, config.materialize)):
+                    where = f"{p}[{i}].materialize[{j}]"
+                    if entry.name in recipe_of and recipe_of[entry.name][0] != r:
+                        fail(where, f"file {entry.name!r} has another recipe at "
+                                    f"{recipe_of[entry.name][1]}")
+                    recipe_of.setdefault(entry.name, (r, where))
         by_id = {c.id: c for c in configs}
         for i, config in enumerate(configs):
             for target in config.cascade:

@@ -14,7 +14,7 @@ from typing import Union
 import yaml
 
 from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.records import MANIFEST_NAME, _file_name
+from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, STORE_SUFFIX, _file_name
 from edge_sdk.bundle.recovery import missing_bundle_message
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import MAX_DEPTH, got
@@ -37,7 +37,11 @@ def manifest_to_yaml(manifest: Manifest) -> str:
         raise BundleError(f"invalid manifest: {exc}") from None
     # ASCII output (allow_unicode=False): PyYAML's unicode mode writes U+0085 in a way it cannot
     # read back (found by the round-trip property test); escapes round-trip everything.
-    body = yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+    # default_flow_style=None: a list or mapping of scalars on one line ([1, 8, 8, 1], a file
+    # entry), everything else in block style; a store bundle's manifest is mostly such leaves
+    # and its bytes count against the bundle (issue 21)
+    body = yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None,
+                     width=100)
     text = f"# edge-sdk bundle manifest (schema version {manifest.schema_version})\n{body}"
     if _parse_manifest_text(text.encode("utf-8"), MANIFEST_NAME) != manifest:
         raise BundleError("manifest does not survive a YAML round trip; refusing to write it")
@@ -126,8 +130,10 @@ def sha256_file(path: PathLike) -> tuple[str, int]:
 
 
 def resolve_file(bundle_dir: PathLike, name: str) -> Path:
-    """The path of bundle file ``name``, which must exist and resolve to inside ``bundle_dir``."""
-    _file_name(name, "file name")
+    """The path of bundle file ``name`` (a ``.tflite`` file or the ``.bin`` weight store), which
+    must exist and resolve to inside ``bundle_dir``."""
+    is_store = isinstance(name, str) and name.endswith(STORE_SUFFIX)
+    _file_name(name, "file name", STORE_SUFFIX if is_store else FILE_SUFFIX)
     root = Path(bundle_dir).resolve()
     candidate = root / name
     resolved = candidate.resolve()  # follows symlinks
@@ -144,9 +150,10 @@ def resolve_file(bundle_dir: PathLike, name: str) -> Path:
 
 
 def verify_files(bundle_dir: PathLike, manifest: Manifest) -> None:
-    """Check every file of ``manifest`` in ``bundle_dir``: inside the bundle, size and sha256."""
+    """Check every file of ``manifest`` in ``bundle_dir`` (layout store: the weight store):
+    inside the bundle, size and sha256."""
     root = Path(bundle_dir)
-    for entry in manifest.file_entries():
+    for entry in manifest.stored_entries():
         path = resolve_file(root, entry.name)
         try:
             size = path.stat().st_size

@@ -28,11 +28,14 @@ from edge_sdk.validation import (
     str_value,
 )
 
-SCHEMA_VERSION = 2  # what the exporter writes
-# what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # what the exporter writes
+# what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded,
+# 3 = bundle layouts (files | store: one weight store, slices materialised; docs/store.md)
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.yaml"
 FILE_SUFFIX = ".tflite"
+STORE_SUFFIX = ".bin"  # the weight store's file (docs/store.md §1)
+BUNDLE_LAYOUTS = ("files", "store")  # schema version 3's `layout` (older versions: files)
 
 LAYOUTS = ("NHWC",)
 INPUT_DTYPES = ("float32", "uint8")
@@ -43,10 +46,11 @@ OUTPUT_KINDS = ("logits",)
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
-def _file_name(value: object, path: str) -> str:
-    """A plain ``*.tflite`` file name that can only refer to a file directly inside the bundle."""
+def _file_name(value: object, path: str, suffix: str = FILE_SUFFIX) -> str:
+    """A plain ``*.tflite`` (or ``suffix``) file name that can only refer to a file directly
+    inside the bundle."""
     name = str_value(value, path)
-    expected = f"a plain file name ending in {FILE_SUFFIX!r}"
+    expected = f"a plain file name ending in {suffix!r}"
     if "/" in name or "\\" in name or (os.altsep and os.altsep in name):
         fail(path, f"expected {expected} (no path separators), got {show(name)}")
     if name in (".", ".."):
@@ -55,7 +59,7 @@ def _file_name(value: object, path: str) -> str:
         fail(path, f"expected {expected} not starting with '.', got {show(name)}")
     if ":" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
         fail(path, f"expected {expected} without ':' or control characters, got {show(name)}")
-    if not name.endswith(FILE_SUFFIX):
+    if not name.endswith(suffix):
         fail(path, f"expected {expected}, got {show(name)}")
     try:
         encoded = name.encode("utf-8")
@@ -141,9 +145,11 @@ class FileEntry(_Record):
     sha256: str
     bytes: int
 
+    _suffix = FILE_SUFFIX  # a class constant, not a field
+
     @classmethod
     def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
-        name = _file_name(v["name"], join(path, "name"))
+        name = _file_name(v["name"], join(path, "name"), cls._suffix)
         sha = v["sha256"]
         if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
             fail(join(path, "sha256"), f"expected 64 hex characters (lowercase), got {show(sha)}")
@@ -151,12 +157,62 @@ class FileEntry(_Record):
         return {"name": name, "sha256": str(sha), "bytes": size}
 
 
-def file_entry(name: str, data: bytes | bytearray | memoryview) -> FileEntry:
-    """The :class:`FileEntry` for ``data`` stored under ``name`` (computes sha256 and size)."""
+@dataclass(frozen=True)
+class StoreEntry(FileEntry):
+    """The weight store of a ``layout: store`` bundle (docs/store.md §1): a plain ``*.bin``
+    name, its sha256 (hex) and size in bytes; read once and verified at load."""
+
+    _suffix = STORE_SUFFIX
+
+
+def file_entry(name: str, data: bytes | bytearray | memoryview, cls: type = FileEntry
+               ) -> FileEntry:
+    """The :class:`FileEntry` (or ``cls``, e.g. :class:`StoreEntry`) for ``data`` stored under
+    ``name`` (computes sha256 and size)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise BundleError(f"file_entry({name!r}): expected bytes, {got(data)}")
     blob = bytes(data)
-    return FileEntry(name=name, sha256=hashlib.sha256(blob).hexdigest(), bytes=len(blob))
+    return cls(name=name, sha256=hashlib.sha256(blob).hexdigest(), bytes=len(blob))
+
+
+_WIDTH_KEY_RE = re.compile(r"(0\.[0-9]{2}|1\.00)")
+
+
+def width_key(width: float) -> str:
+    """A width as the store and the manifest's ``graphs`` key it (docs/store.md §2): ``%.2f``."""
+    return f"{float(width):.2f}"
+
+
+def _width_key(value: object, path: str) -> str:
+    key = str_value(value, path)
+    if not _WIDTH_KEY_RE.fullmatch(key) or key == "0.00":
+        fail(path, f"expected a width key such as '0.50' (the width as %.2f, in (0, 1]), got "
+                   f"{show(key)}")
+    return key
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe(_Record):
+    """How one (virtual) file of a ``layout: store`` configuration is materialised from the
+    store (docs/store.md §3): the width's graph (``width``, a key of the manifest's
+    ``graphs``), the posterior sample (``sample``: None = the point network; all scope: the
+    sample index) and ``heads`` (0; head scope: S sampled classifiers stacked, output [S, C])."""
+
+    width: str
+    sample: int | None = None
+    heads: int = 0
+
+    @classmethod
+    def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        width = _width_key(v["width"], join(path, "width"))
+        sample = v["sample"]
+        if sample is not None:
+            sample = int_value(sample, join(path, "sample"), minimum=0)
+        heads = int_value(v["heads"], join(path, "heads"), minimum=0)
+        if heads and sample is not None:
+            fail(join(path, "sample"), f"expected null with heads={heads} (a head slice stacks "
+                                       f"samples 0..{heads - 1} itself), got {sample}")
+        return {"width": width, "sample": sample, "heads": heads}
 
 
 @dataclass(frozen=True, kw_only=True)

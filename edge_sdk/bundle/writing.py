@@ -18,7 +18,7 @@ from typing import Any
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import PathLike, manifest_to_yaml
 from edge_sdk.bundle.recovery import ExportLock
-from edge_sdk.bundle.records import MANIFEST_NAME, _file_name
+from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, STORE_SUFFIX, _file_name
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import got
 
@@ -29,11 +29,11 @@ def _checked_files(manifest: Manifest, files: Mapping[str, Any]) -> dict[str, by
     provided: dict[str, bytes] = {}
     for name, blob in files.items():
         path = f"files[{name!r}]"
-        _file_name(name, path)
+        _file_name(name, path, STORE_SUFFIX if manifest.is_store else FILE_SUFFIX)
         if not isinstance(blob, (bytes, bytearray, memoryview)):
             raise BundleError(f"{path}: expected bytes, {got(blob)}")
         provided[name] = bytes(blob)
-    entries = manifest.file_entries()
+    entries = manifest.stored_entries()  # layout store: the store only (the slices are virtual)
     listed = {e.name for e in entries}
     missing = [e.name for e in entries if e.name not in provided]
     if missing:
@@ -160,8 +160,9 @@ def write_bundle(
 ) -> Path:
     """Write ``manifest`` and ``files`` (name -> bytes) as the bundle directory ``bundle_dir``.
 
-    ``files`` must hold exactly the files the manifest lists, with matching sha256 and size
-    (make entries with :func:`file_entry`). Everything is written and fsynced in a hidden
+    ``files`` must hold exactly the files the manifest lists (layout store: only the weight
+    store, ``manifest.store``), with matching sha256 and size (make entries with
+    :func:`file_entry`). Everything is written and fsynced in a hidden
     temporary directory next to the target, then renamed into place, so readers see either
     no bundle, the old one or the complete new one. An existing bundle is replaced only with
     ``force`` (old renamed aside, new renamed in, old deleted). On any failure the temporary

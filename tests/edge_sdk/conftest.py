@@ -31,8 +31,11 @@ def bundle(tmp_path_factory) -> Path:
                                  "data.calib_samples=64"])
     res = train(cfg, work / "run", **QUIET)
     out = Path(wanted) if wanted else work / "bundle"
+    # layout files: these tests read the .tflite files of the directory (a store bundle's
+    # slices are materialised: tests/edge_sdk/store)
     return Path(export_bundle(res.checkpoint, out, ExportOptions(
-        widths=[0.5, 1.0], samples=2, scopes=SCOPES, measure=False, max_eval=50), **QUIET))
+        widths=[0.5, 1.0], samples=2, scopes=SCOPES, measure=False, max_eval=50,
+        layout="files"), **QUIET))
 
 
 @pytest.fixture(scope="session", autouse=True)

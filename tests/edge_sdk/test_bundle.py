@@ -75,6 +75,7 @@ def manifest_dict() -> dict[str, Any]:
         "labels": list(LABELS),
         "source": {"checkpoint": {"name": "digits.pt", "sha256": "ab" * 32}, "quantizer": "pwfn"},
         "batch_dim": 0,
+        "layout": "files",
         "configurations": [
             config_dict("w0.50-point", "point", 1, ["w050_point.tflite"]),
             config_dict("w0.50-head4", "head", 4, ["w050_head4.tflite"]),
@@ -218,16 +219,16 @@ def test_missing_dir_and_manifest(tmp_path: Path) -> None:
 
 def test_unknown_schema_version(tmp_path: Path) -> None:
     data = manifest_dict()
-    data["schema_version"] = 3
+    data["schema_version"] = 4
     bundle = write_raw(tmp_path / "b", data)
     with pytest.raises(BundleError,
-                       match=r"schema_version: unsupported schema version 3.*versions 1, 2"):
+                       match=r"schema_version: unsupported schema version 4.*versions 1, 2, 3"):
         b.read_manifest(bundle, verify=False)
 
 
 def test_version_1_reads_as_batch_1_and_batch_dim_needs_version_2(tmp_path: Path) -> None:
     data = manifest_dict()
-    del data["batch_dim"]
+    del data["batch_dim"], data["layout"]
     v1 = b.Manifest.from_dict({**data, "schema_version": 1})
     assert v1.schema_version == 1 and v1.batch_dim is None and not v1.batch_resizable
     assert "batch_dim" not in v1.to_dict()  # a version-1 manifest writes back as version 1
@@ -241,7 +242,7 @@ def test_version_1_reads_as_batch_1_and_batch_dim_needs_version_2(tmp_path: Path
         b.Manifest.from_dict({**data, "schema_version": 1, "batch_dim": 0})
     for bad in (1, 3, -1, "0", True, 0.0):
         with pytest.raises(BundleError, match=r"^batch_dim: expected"):
-            b.Manifest.from_dict({**manifest_dict(), "schema_version": 2, "batch_dim": bad})
+            b.Manifest.from_dict({**data, "schema_version": 2, "batch_dim": bad})
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
@@ -537,7 +538,7 @@ def test_interrupt_mid_write_leaves_nothing_and_propagates(
 
 def test_written_manifest_is_readable_yaml(written: Path) -> None:
     raw = yaml.safe_load((written / b.MANIFEST_NAME).read_text(encoding="utf-8"))
-    assert list(raw) == ["schema_version", "input", "labels", "source", "batch_dim",
+    assert list(raw) == ["schema_version", "input", "labels", "source", "batch_dim", "layout",
                          "configurations"]
     assert raw["configurations"][1]["thresholds"] == {"0.9": 0.55, "0.95": 0.8, "0.99": None}
     # Readable by other users too (not a 0700 temp dir).

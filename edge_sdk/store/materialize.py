@@ -1,0 +1,427 @@
+"""(store, width, sample) -> ``.tflite`` bytes in memory (docs/store.md §3; issue 21,
+"Materialisation on the device"). numpy and the ``edge_sdk`` writer only (no torch).
+
+The exporter produces every slice it measures with :func:`materialize`, and the device calls the
+same function on the verified store: the manifest's sha256 of each (virtual) file is the hash
+of these bytes, so the device checks that what it built is byte for byte what was measured.
+
+The store's index (``Store.index``, the schema this module reads; the exporter writes it in
+``exporters.store``)::
+
+    version: 1                      # STORE_INDEX_VERSION
+    sampler: hash32-v1              # edge_sdk.store.sampler.SAMPLER
+    posterior: gaussian | pwfn | sqs
+    seed: <int>                     # sample s draws with seed (seed + s) mod 2**32
+    weights: dequantize | hybrid | float      # the int8 route of every slice
+    classifier: <layer name>        # the head scope's sampled layer
+    samples: <S_max>                # posterior samples with a stored fold per width
+    layers:                         # per Bayesian layer, full width, torch layout
+      <name>: {kind: conv | depthwise | linear, shape: [O, I, kh, kw] | [O, I],
+               flat_hw: [h, w],     # linear: the map its input was flattened from ([1, 1])
+               encoding: codebook | sparse_codebook | int8, bits: <index bits>,
+               route: int8 | float,  # point: the codes are exact on `step` (int8) or not
+               sampler: normal | categorical | none, sigma_bits: <int>,
+               cat: {count_bits: <int>, uncertain: <int>, entries: <int>}}   # sqs only
+    widths:
+      "0.50": {width: 0.5, channels: <sum of kept outputs>,
+               layers: {<name>: {out: <kept outputs>, in: [[start, stop], ...] | null,
+                                 fold: <offset>, in_scale: <offset> | null}}}
+
+Arrays (``<name>/...`` per layer, ``<width key>/...`` per width)::
+
+    <name>/codebook  float32 [K]     sorted distinct values (codebook, sparse_codebook)
+    <name>/index     uint8           indices packed at `bits` (sparse: the non-zeros only)
+    <name>/mask      uint8           1-bit non-zero mask (sparse_codebook)
+    <name>/codes     int8 [shape]    symmetric int8 codes (int8)
+    <name>/step      float32 [O]     the int8 step per output channel, every width
+    <name>/sigma_codebook float32 [Ks], <name>/sigma_index uint8   (sampler normal)
+    <name>/cat_flag  uint8           1 bit per non-zero weight: its categorical has > 1 entry
+    <name>/cat_count uint8           entries - 2 per uncertain weight, packed at count_bits
+    <name>/cat_entry uint8           the entries' codebook indices, packed at `bits`
+    <name>/cat_thr   uint16          cumulative thresholds, entries - 1 per uncertain weight
+    <wk>/fold        float32 [1 + S_max, 2, channels]   (a, t) per kept output channel:
+                                     row 0 the point network, row 1 + s sample s
+    <wk>/in_scale    float32 [n]     forward-folded input scales (trainer.nest ReLU6 producers)
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from edge_sdk.errors import BundleError, ConfigError
+from edge_sdk.graph import QUANT_AXIS, Graph, Op, Quantization, Tensor, tflite_weight
+from edge_sdk.store import sampler
+from edge_sdk.store.container import Store
+from edge_sdk.store.packing import unpack_bits, unpack_mask
+from edge_sdk.store.quant import QuantizedTensor, along, quantize_per_channel
+from edge_sdk.tflite_writer import write_tflite
+
+__all__ = ["STORE_INDEX_VERSION", "LayerRecord", "decode_point", "head_graph", "materialize",
+           "materialize_file", "materialize_graph", "sample_seed", "sample_weights"]
+
+STORE_INDEX_VERSION = 1
+_U16 = 1 << 16
+
+
+def _bad(what: str) -> BundleError:
+    return BundleError(f"store: {what}")
+
+
+def sample_seed(index: Mapping[str, Any], sample: int) -> int:
+    """The sampler seed of posterior sample ``sample`` (docs/store.md §4)."""
+    return (int(index["seed"]) + int(sample)) & 0xFFFFFFFF
+
+
+# ------------------------------------------------------------------------------ decoding
+def _layer(store: Store, name: str) -> dict:
+    try:
+        return store.index["layers"][name]
+    except (KeyError, TypeError):
+        raise _bad(f"the index has no layer {name!r}") from None
+
+
+def _rows(shape: list[int], out: int | None) -> tuple[int, int]:
+    """(rows kept, elements per row) of a torch-layout weight."""
+    per_row = int(np.prod(shape[1:]))
+    return (shape[0] if out is None else int(out)), per_row
+
+
+def decode_point(store: Store, name: str, out: int | None = None) -> np.ndarray:
+    """The point (unfolded) weights of layer ``name``, float32 torch layout, the first ``out``
+    output channels (all: None), every input channel (docs/store.md §3 step 1)."""
+    L = _layer(store, name)
+    shape = [int(d) for d in L["shape"]]
+    rows, per_row = _rows(shape, out)
+    numel = int(np.prod(shape))
+    enc = L["encoding"]
+    if enc == "int8":
+        codes = np.asarray(store.array(f"{name}/codes")).reshape(shape)[:rows]
+        step = np.asarray(store.array(f"{name}/step"), np.float32)[:rows]
+        return codes.astype(np.float32) * along(step, 0, len(shape))
+    book = np.asarray(store.array(f"{name}/codebook"), np.float32)
+    bits = int(L["bits"])
+    if enc == "codebook":
+        idx = unpack_bits(store.array(f"{name}/index"), bits, numel)[:rows * per_row]
+        vals = _take(book, idx, name)
+    elif enc == "sparse_codebook":
+        mask = unpack_mask(store.array(f"{name}/mask"), numel)
+        idx = unpack_bits(store.array(f"{name}/index"), bits, int(mask.sum()))
+        full = np.zeros(numel, np.float32)
+        full[mask] = _take(book, idx, name)
+        vals = full[:rows * per_row]
+    else:
+        raise _bad(f"layer {name!r}: unknown encoding {enc!r}")
+    return vals.reshape([rows, *shape[1:]])
+
+
+def _take(book: np.ndarray, idx: np.ndarray, name: str) -> np.ndarray:
+    if idx.size and int(idx.max()) >= book.size:
+        raise _bad(f"layer {name!r}: index {int(idx.max())} outside its {book.size}-entry "
+                   "codebook")
+    return book[idx]
+
+
+def _codes(store: Store, name: str, rows: int) -> np.ndarray:
+    """The int8 codes of the first ``rows`` output channels on the layer's ``step``: stored
+    (int8) or ``rint(value / step)`` (codebook kinds, exact where ``route`` is int8)."""
+    L = _layer(store, name)
+    if L["encoding"] == "int8":
+        return np.asarray(store.array(f"{name}/codes")).reshape(L["shape"])[:rows]
+    w = decode_point(store, name, rows)
+    step = np.asarray(store.array(f"{name}/step"), np.float32)[:rows]
+    return np.rint(w / along(step, 0, w.ndim)).astype(np.int8)
+
+
+def sample_weights(store: Store, name: str, sample: int, out: int | None = None) -> np.ndarray:
+    """Layer ``name``'s weights in posterior sample ``sample`` (float32 torch layout, the first
+    ``out`` output channels): normal ``mu + sigma * eps`` (float32, elementwise, ``eps`` =
+    :func:`edge_sdk.store.sampler.normal` at the weight's flat index), categorical (SQS: one
+    16-bit uniform per weight at its flat index against the stored thresholds), or the point
+    weights (sampler none). Sample ``s`` of a narrow width is the prefix of the full width's."""
+    L = _layer(store, name)
+    shape = [int(d) for d in L["shape"]]
+    rows, per_row = _rows(shape, out)
+    n = rows * per_row
+    seed, stream = sample_seed(store.index, sample), sampler.stream_id(name)
+    kind = L.get("sampler", "none")
+    mu = decode_point(store, name, rows)
+    if kind == "none":
+        return mu
+    if kind == "normal":
+        bits = int(L["sigma_bits"])
+        book = np.asarray(store.array(f"{name}/sigma_codebook"), np.float32)
+        sig = _take(book, unpack_bits(store.array(f"{name}/sigma_index"), bits,
+                                      int(np.prod(shape)))[:n], name)
+        eps = sampler.normal(seed, stream, n)
+        return (mu.reshape(-1) + sig * eps).astype(np.float32).reshape(mu.shape)
+    if kind == "categorical":
+        return _categorical(store, name, L, shape, seed, stream, n).reshape(mu.shape)
+    raise _bad(f"layer {name!r}: unknown sampler {kind!r}")
+
+
+def _categorical(store: Store, name: str, L: dict, shape: list[int], seed: int, stream: int,
+                 n: int) -> np.ndarray:
+    numel = int(np.prod(shape))
+    cat = L["cat"]
+    bits = int(L["bits"])
+    book = np.asarray(store.array(f"{name}/codebook"), np.float32)
+    mask = unpack_mask(store.array(f"{name}/mask"), numel)
+    pos = np.flatnonzero(mask)  # flat positions of the non-zero weights
+    idx = unpack_bits(store.array(f"{name}/index"), bits, pos.size).astype(np.int64)
+    flag = unpack_mask(store.array(f"{name}/cat_flag"), pos.size)
+    nu = int(cat["uncertain"])
+    if int(flag.sum()) != nu:
+        raise _bad(f"layer {name!r}: {int(flag.sum())} uncertain weights flagged, the index "
+                   f"says {nu}")
+    counts = unpack_bits(store.array(f"{name}/cat_count"), int(cat["count_bits"]),
+                         nu).astype(np.int64) + 2
+    total = int(counts.sum())
+    entries = unpack_bits(store.array(f"{name}/cat_entry"), bits, total).astype(np.int64)
+    thr = np.asarray(store.array(f"{name}/cat_thr"))
+    if thr.size != total - nu or (entries.size and int(entries.max()) >= book.size):
+        raise _bad(f"layer {name!r}: categorical tables do not fit ({thr.size} thresholds for "
+                   f"{nu} weights with {total} entries)")
+    upos = pos[flag]
+    keep = upos < n  # the kept rows: a prefix of the flat positions
+    if keep.any():
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        tstarts = starts - np.arange(nu)  # entries - 1 thresholds per weight
+        width = int(counts.max()) - 1
+        table = np.full((nu, width), _U16, np.int64)  # padding: never reached
+        col = np.arange(width)
+        live = col[None, :] < (counts - 1)[:, None]
+        table[live] = thr.astype(np.int64)[(tstarts[:, None] + col[None, :])[live]]
+        u = sampler.uniform_u16(seed, stream, n).astype(np.int64)[upos[keep]]
+        j = (u[:, None] >= table[keep]).sum(axis=1)
+        idx_u = idx[flag]
+        idx_u[keep] = entries[starts[keep] + j]
+        idx[flag] = idx_u
+    out = np.zeros(numel, np.float32)
+    out[pos] = book[idx]
+    return out[:n]
+
+
+# ------------------------------------------------------------------------------ cutting
+def _cut_inputs(w: np.ndarray, kind: str, ranges, spatial: int) -> np.ndarray:
+    """The kept input channels (``[start, stop)`` ranges in channel units; a linear layer's
+    columns are (C, H, W): ``spatial`` per channel)."""
+    if ranges is None or kind == "depthwise":
+        return w
+    cols = np.concatenate([np.arange(a, b) for a, b in ranges]) if ranges else \
+        np.zeros(0, np.int64)
+    if spatial > 1:
+        cols = (cols[:, None] * spatial + np.arange(spatial)).reshape(-1)
+    return w[:, cols]
+
+
+def _in_scale(w: np.ndarray, kind: str, scale: np.ndarray, spatial: int) -> np.ndarray:
+    """``w`` times the forward-folded per-input-channel scale (float32, as trainer.nest's
+    truncation computes it); a depthwise kernel's input channel is its output channel."""
+    if kind == "depthwise":
+        return (w * along(scale, 0, w.ndim)).astype(np.float32)
+    s = np.repeat(scale, spatial) if kind == "linear" else scale
+    return (w * along(s, 1, w.ndim)).astype(np.float32)
+
+
+@dataclass
+class LayerRecord:
+    """How one layer was materialised: ``route`` (dequantize | hybrid | float), whether its
+    int8 codes are the store's (``codes``), the largest relative move of the int8 grid
+    against the float32 folded weights (``max_rel_error``) and the dequantized folded
+    weights in torch layout (``effective``, what the graph computes with)."""
+
+    layer: str
+    route: str
+    codes: bool
+    max_rel_error: float
+    effective: np.ndarray
+
+
+def _fold(store: Store, wk: str, cut: dict, row: int) -> tuple[np.ndarray, np.ndarray]:
+    fold = np.asarray(store.array(f"{wk}/fold"), np.float32)
+    off, k = int(cut["fold"]), int(cut["out"])
+    if fold.ndim != 3 or row >= fold.shape[0] or off + k > fold.shape[2]:
+        raise _bad(f"width {wk}: no fold row {row} for channels [{off}, {off + k}) in "
+                   f"{list(fold.shape)}")
+    return fold[row, 0, off:off + k], fold[row, 1, off:off + k]
+
+
+def _layer_weights(store: Store, name: str, wk: str, cut: dict, sample: int | None,
+                   route: str) -> tuple[QuantizedTensor | None, np.ndarray, np.ndarray, bool]:
+    """(int8 form or None, float32 folded weight, bias, codes used) of one layer."""
+    L = _layer(store, name)
+    kind, out = L["kind"], int(cut["out"])
+    spatial = int(np.prod(L.get("flat_hw") or [1, 1]))
+    a, t = _fold(store, wk, cut, 0 if sample is None else 1 + int(sample))
+    w = decode_point(store, name, out) if sample is None else sample_weights(store, name,
+                                                                             sample, out)
+    w = _cut_inputs(w, kind, cut.get("in"), spatial)
+    scaled = cut.get("in_scale") is not None
+    if scaled:
+        s_all = np.asarray(store.array(f"{wk}/in_scale"), np.float32)
+        off = int(cut["in_scale"])
+        n = w.shape[0] if kind == "depthwise" else w.shape[1] // spatial
+        w = _in_scale(w, kind, s_all[off:off + n], spatial)
+    folded = (w.astype(np.float32) * along(a, 0, w.ndim)).astype(np.float32)
+    if route == "float":
+        return None, folded, t, False
+    if sample is None and not scaled and L["route"] == "int8":
+        # one step per output channel for every width: the stored codes' prefix, the sign of
+        # a folded into them (a TFLite scale is > 0), scale step * |a| (docs/store.md §3.2)
+        codes = _cut_inputs(_codes(store, name, out), kind, cut.get("in"), spatial)
+        step = np.asarray(store.array(f"{name}/step"), np.float32)[:out]
+        sign = np.where(a < 0, -1, np.where(a > 0, 1, 0)).astype(np.int8)
+        q = (codes * along(sign, 0, codes.ndim)).astype(np.int8)
+        scale = np.where(a != 0, step * np.abs(a), step).astype(np.float32)
+        qt = QuantizedTensor(q, scale, 0, exact=False)
+        qt.exact = bool(np.array_equal(qt.dequantize(), folded))
+        return qt, folded, t, True
+    if sample is None and L["route"] == "float":
+        return None, folded, t, False  # cannot be exact on its step: stays float (issue)
+    return quantize_per_channel(folded, 0), folded, t, False
+
+
+# ------------------------------------------------------------------------------ graphs
+def head_graph(graph: Graph, classifier: str, heads: int) -> Graph:
+    """The head scope's graph from a width's point graph: the classifier's FULLY_CONNECTED
+    widened to ``heads`` stacked copies (``[S*C, in]``) and its ``[N, S*C]`` output reshaped
+    to ``[N*S, C]`` (``heads``; the logits), as ``exporters.slice.stack_heads`` +
+    ``export_point_slice(output_shape=[S, C])`` write it."""
+    g = copy.deepcopy(graph)
+    wname = f"{classifier}/weight"
+    fc = [o for o in g.ops if o.op == "FULLY_CONNECTED" and o.inputs[1] == wname]
+    if len(fc) != 1 or len(g.outputs) != 1 or fc[0].outputs[0] != g.outputs[0]:
+        raise ConfigError(f"the head scope needs the classifier {classifier!r} to be the "
+                          "graph's last FULLY_CONNECTED, producing its output")
+    op = fc[0]
+    out = g.tensor(op.outputs[0])
+    n, classes = out.shape
+    for tname in (wname, f"{classifier}/bias"):
+        t = g.tensor(tname)
+        t.shape = (t.shape[0] * heads, *t.shape[1:])
+    logits = out.name
+    out.name = classifier
+    out.shape = (n, classes * heads)
+    op.outputs = [classifier]
+    g.tensors.append(Tensor(logits, (n * heads, classes)))
+    g.ops.append(Op("RESHAPE", [classifier], [logits], {"shape": [-1, classes]}))
+    return g
+
+
+def _set_weight(g: Graph, name: str, kind: str, qt: QuantizedTensor | None, folded: np.ndarray,
+                flat_hw, route: str, arrays: dict[str, np.ndarray]) -> str:
+    """Put layer ``name``'s filter into the route-free template (float constant
+    ``<name>/weight``): float as is; int8 + DEQUANTIZE (the DEQUANTIZE just before its
+    consumer); hybrid: the int8 filter straight into the op. Returns the route written."""
+    wname, qname = f"{name}/weight", f"{name}/weight_int8"
+    t = g.tensor(wname)
+    if qt is None:
+        arrays[wname] = tflite_weight(folded, kind, flat_hw).astype(np.float32)
+        return "float"
+    q = np.ascontiguousarray(tflite_weight(qt.values, kind, flat_hw))
+    quant = Quantization(tuple(float(s) for s in qt.scale), QUANT_AXIS[kind])
+    arrays[qname] = q
+    pos = g.tensors.index(t)
+    if route == "hybrid" and kind != "depthwise":
+        g.tensors[pos] = Tensor(qname, tuple(q.shape), "int8", qname, quant)
+        for o in g.ops:
+            o.inputs = [qname if x == wname else x for x in o.inputs]
+        return "hybrid"
+    t.weight = None  # the DEQUANTIZE output now
+    g.tensors.insert(pos, Tensor(qname, tuple(q.shape), "int8", qname, quant))
+    first = next(i for i, o in enumerate(g.ops) if wname in o.inputs)
+    g.ops.insert(first, Op("DEQUANTIZE", [qname], [wname], {}))
+    return "dequantize"
+
+
+def materialize_graph(store: Store, graph: Graph | Mapping, width_key: str, *,
+                      sample: int | None = None, heads: int = 0
+                      ) -> tuple[Graph, dict[str, np.ndarray], list[LayerRecord]]:
+    """The filled graph, its weights and per-layer records that :func:`materialize` writes."""
+    idx = store.index
+    if not isinstance(idx, Mapping) or idx.get("version") != STORE_INDEX_VERSION:
+        raise _bad(f"index version {idx.get('version') if isinstance(idx, Mapping) else idx!r}"
+                   f" is not {STORE_INDEX_VERSION} (re-export, or use a matching edge_sdk)")
+    if idx.get("sampler") != sampler.SAMPLER:
+        raise _bad(f"sampler {idx.get('sampler')!r}; this edge_sdk implements "
+                   f"{sampler.SAMPLER!r}")
+    if sample is not None and heads:
+        raise ConfigError("a slice is a sample (scope all) or S stacked heads, not both")
+    for v, what in ((sample, "sample"), (heads, "heads")):
+        if v is not None and (not isinstance(v, (int, np.integer)) or v < 0 or
+                              v > int(idx["samples"]) - (what == "sample")):
+            raise ConfigError(f"{what} must be in [0, {int(idx['samples'])}], got {v!r}")
+    try:
+        wi = idx["widths"][width_key]
+    except (KeyError, TypeError):
+        raise _bad(f"no width {width_key!r} (the store has "
+                   f"{', '.join(idx.get('widths', {}))})") from None
+    g = Graph.from_dict(graph) if isinstance(graph, Mapping) else copy.deepcopy(graph)
+    classifier = idx.get("classifier")
+    if heads:
+        g = head_graph(g, classifier, heads)
+    route = idx.get("weights", "dequantize")
+    arrays: dict[str, np.ndarray] = {}
+    records: list[LayerRecord] = []
+    for name, L in idx["layers"].items():
+        cut = wi["layers"][name]
+        if heads and name == classifier:
+            qt, folded, t = _stacked_heads(store, name, width_key, cut, heads, route)
+            codes = False
+        else:
+            qt, folded, t, codes = _layer_weights(store, name, width_key, cut, sample, route)
+        flat_hw = L.get("flat_hw") if L["kind"] == "linear" else None
+        written = _set_weight(g, name, L["kind"], qt, folded, flat_hw, route, arrays)
+        arrays[f"{name}/bias"] = np.ascontiguousarray(t, np.float32)
+        eff = folded if qt is None else qt.dequantize()
+        err = float(np.abs(eff - folded).max() / max(float(np.abs(folded).max()), 1e-30)) \
+            if folded.size else 0.0
+        records.append(LayerRecord(name, written, codes, err, eff))
+    g.validate(arrays)
+    return g, arrays, records
+
+
+def _stacked_heads(store: Store, name: str, wk: str, cut: dict, heads: int, route: str):
+    """S sampled classifiers (samples 0 .. S-1) on the point network's fold, stacked into one
+    ``[S*C, in]`` weight quantized per row (so head S's rows are head S_max's first S)."""
+    L = _layer(store, name)
+    kind = L["kind"]
+    spatial = int(np.prod(L.get("flat_hw") or [1, 1]))
+    a, t = _fold(store, wk, cut, 0)
+    rows = []
+    for s in range(heads):
+        w = _cut_inputs(sample_weights(store, name, s, int(cut["out"])), kind, cut.get("in"),
+                        spatial)
+        if cut.get("in_scale") is not None:
+            s_all = np.asarray(store.array(f"{wk}/in_scale"), np.float32)
+            off = int(cut["in_scale"])
+            w = _in_scale(w, kind, s_all[off:off + w.shape[1] // spatial], spatial)
+        rows.append((w.astype(np.float32) * along(a, 0, w.ndim)).astype(np.float32))
+    folded = np.concatenate(rows, 0)
+    bias = np.tile(t, heads).astype(np.float32)
+    qt = None if route == "float" else quantize_per_channel(folded, 0)
+    return qt, folded, bias
+
+
+def materialize(store: Store, graph: Graph | Mapping, width_key: str, *,
+                sample: int | None = None, heads: int = 0) -> bytes:
+    """The ``.tflite`` bytes of one slice (docs/store.md §3): the width ``width_key``'s point
+    network (``sample`` None, ``heads`` 0), posterior sample ``sample`` with its own folded
+    batch norm (scope all), or the point backbone with ``heads`` sampled classifiers stacked,
+    output ``[S, C]`` (scope head). ``graph``: the width's graph description from the
+    manifest's ``graphs``. Deterministic: the same store and arguments give the same bytes on
+    every machine and numpy version (the sampler is integer arithmetic, docs/store.md §4)."""
+    g, arrays, _ = materialize_graph(store, graph, width_key, sample=sample, heads=heads)
+    return write_tflite(g, arrays)
+
+
+def materialize_file(store: Store, manifest, config, i: int) -> bytes:
+    """File ``i`` of configuration ``config`` of a ``layout: store`` ``manifest``, from its
+    recipe (``config.materialize[i]``) and the recipe width's graph. The caller checks the
+    bytes against ``config.files[i]`` (``edge_sdk.bundle.verify_bytes`` + ``check_slice``)."""
+    recipe = manifest.recipe(config, i)
+    return materialize(store, manifest.graphs[recipe.width], recipe.width,
+                       sample=recipe.sample, heads=recipe.heads)
