@@ -18,13 +18,14 @@
 """
 from __future__ import annotations
 
+import copy
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear, _inverse_softplus
-from trainer.models.base import NestedModel
+from trainer.models.base import LayerCut, NestedModel
 Segment = tuple  # (DownhillOrdering | None, channels: int, fold: bool)
 
 
@@ -102,12 +103,15 @@ class NestedGraphModel(NestedModel):
                         f"{r['groups'] if r['groups'] else '-':>6}  {r['ordering']}")
         return "\n".join(rows)
 
-    def truncate(self, width: float) -> "NestedGraphModel":
-        """As :meth:`NestedModel.truncate`, with concatenated inputs cut per segment and a ReLU6
-        producer's keep probabilities folded forward into its consumers' input weights."""
-        new, kept, keep_prob = self._copy_to_truncate(width)
-        plan = []
-        for layer in new.bayes_layers():
+    def truncation_plan(self, width: float) -> dict[str, LayerCut]:
+        """As :meth:`NestedModel.truncation_plan`, with concatenated inputs cut per segment (one
+        input range per segment) and a ReLU6 producer's keep probabilities folded forward into
+        its consumers' input weights (``in_scale``)."""
+        kept, keep_prob = self._width_state(width)
+        plan = {}
+        for name, layer in self.named_modules():
+            if not isinstance(layer, BayesNestedLayer):
+                continue
             out_keep = scale = None
             unit = layer.ordering
             if unit is not None:
@@ -115,37 +119,57 @@ class NestedGraphModel(NestedModel):
                 out_keep = kept[id(unit)] * size
                 if layer.apply_mask and not getattr(layer, "forward_fold", False):
                     scale = keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size)
-            plan.append((layer, out_keep, scale, _input_plan(layer, kept, keep_prob)))
-        for layer, out_keep, scale, (idx, in_scale) in plan:
-            depthwise = getattr(layer, "depthwise", False)
-            if not depthwise:
-                _cut_inputs(layer, idx, in_scale)
-            layer.truncate_(out_keep, None, scale)
-            if depthwise and in_scale is not None:
-                # a depthwise kernel's input channel is its output channel: scale its rows
-                # (after the cut: it follows its input's unit, so both keep the same channels)
-                _scale_rows(layer, in_scale)
-            object.__setattr__(layer, "in_segments", None)
+            ranges, in_scale = _input_plan(layer, kept, keep_prob)
+            if getattr(layer, "depthwise", False):
+                ranges = None  # its input channels are its outputs (cut with them)
+            plan[name] = LayerCut(out_keep, ranges, scale, in_scale)
+        return plan
+
+    def truncate(self, width: float) -> "NestedGraphModel":
+        """As :meth:`NestedModel.truncate`, applying :meth:`truncation_plan`."""
+        new = copy.deepcopy(self)
+        new._apply_plan(new.truncation_plan(width))
         new.truncated_width = width
         return new
 
+    def _apply_plan(self, plan: dict[str, LayerCut]) -> None:
+        for name, layer in self.named_modules():
+            if not isinstance(layer, BayesNestedLayer):
+                continue
+            cut = plan[name]
+            depthwise = getattr(layer, "depthwise", False)
+            if not depthwise:
+                idx = None if cut.in_ranges is None else torch.cat(
+                    [torch.arange(a, b) for a, b in cut.in_ranges])
+                _cut_inputs(layer, idx, cut.in_scale)
+            layer.truncate_(cut.out_keep, None, cut.out_scale)
+            if depthwise and cut.in_scale is not None:
+                # a depthwise kernel's input channel is its output channel: scale its rows
+                # (after the cut: it follows its input's unit, so both keep the same channels)
+                _scale_rows(layer, cut.in_scale)
+            object.__setattr__(layer, "in_segments", None)
+
 
 def _input_plan(layer: BayesNestedLayer, kept: dict, keep_prob: dict):
-    """(kept input channel indices or None, forward-folded scale per kept input channel or None)."""
+    """(kept input channel ranges or None (all), forward-folded scale per kept input channel
+    or None)."""
     segs = getattr(layer, "in_segments", None)
     if not segs:
         return None, None
-    idx = layer.kept_input_index(lambda u: kept[id(u)])
-    scales, fold = [], False
+    ranges, scales, fold, off, cut = [], [], False, 0, False
     for unit, ch, f in segs:
         k = ch if unit is None else kept[id(unit)] * (ch // unit.groups)
+        cut |= k < ch
+        if k:
+            ranges.append((off, off + k))
+        off += ch
         if f and unit is not None:
             fold = True
             size = ch // unit.groups
             scales.append(keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size))
         else:
             scales.append(torch.ones(k))
-    return idx, torch.cat(scales) if fold else None
+    return (ranges if cut else None), (torch.cat(scales) if fold else None)
 
 
 @torch.no_grad()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -110,26 +111,25 @@ class NestedModel(nn.Module):
         return sum((m.weight_kl() for m in self.bayes_layers()), self._zero())
 
     # ---- truncation ----------------------------------------------------------------------
-    def _copy_to_truncate(self, width: float) -> tuple["NestedModel", dict, dict]:
-        """(a deep copy, kept groups per unit id, keep probabilities per unit id) at ``width``:
-        what every truncation starts from."""
+    def _width_state(self, width: float) -> tuple[dict, dict]:
+        """(kept groups per unit id, keep probabilities per unit id) at ``width``: what every
+        truncation plan starts from."""
         self.check_width(width)
-        new = copy.deepcopy(self)
-        kept = {id(u): u.groups_for_width(width) for u in new.orderings()}
-        keep_prob = {id(u): u.keep_probability().detach() for u in new.orderings()}
-        return new, kept, keep_prob
+        units = self.orderings()
+        return ({id(u): u.groups_for_width(width) for u in units},
+                {id(u): u.keep_probability().detach() for u in units})
 
-    def truncate(self, width: float) -> "NestedModel":
-        """A copy with every nested layer cut to ``width`` (its next layer's inputs follow).
-
-        The copy has no ordering units; each formerly masked layer multiplies its kept channels
-        by their keep probabilities, so in eval it computes exactly what the masked full model
-        computes under ``with model.width(width)``.
-        """
-        new, kept, keep_prob = self._copy_to_truncate(width)
-        plan = []
-        for layer in new.bayes_layers():
-            out_keep = scale = in_keep = None
+    def truncation_plan(self, width: float) -> dict[str, "LayerCut"]:
+        """Per Bayesian layer (module name), what the width-``width`` slice keeps of it: the one
+        definition :meth:`truncate` applies and the weight store records (issue 21,
+        docs/store.md §2): a prefix of the output channels, a prefix of the input channels
+        (the producer's kept groups), and the kept channels' keep probabilities."""
+        kept, keep_prob = self._width_state(width)
+        plan = {}
+        for name, layer in self.named_modules():
+            if not isinstance(layer, BayesNestedLayer):
+                continue
+            out_keep = scale = in_ranges = None
             unit = layer.ordering
             if unit is not None:
                 size = layer.out_channels // unit.groups
@@ -139,12 +139,46 @@ class NestedModel(nn.Module):
             src = layer.input_ordering
             if src is not None and not getattr(layer, "depthwise", False):
                 in_channels = _input_channels(layer)
-                in_keep = kept[id(src)] * (in_channels // src.groups)
-            plan.append((layer, out_keep, in_keep, scale))
-        for layer, out_keep, in_keep, scale in plan:
-            layer.truncate_(out_keep, in_keep, scale)
+                in_ranges = [(0, kept[id(src)] * (in_channels // src.groups))]
+            plan[name] = LayerCut(out_keep, in_ranges, scale)
+        return plan
+
+    def truncate(self, width: float) -> "NestedModel":
+        """A copy with every nested layer cut to ``width`` (its next layer's inputs follow),
+        as :meth:`truncation_plan` says.
+
+        The copy has no ordering units; each formerly masked layer multiplies its kept channels
+        by their keep probabilities, so in eval it computes exactly what the masked full model
+        computes under ``with model.width(width)``.
+        """
+        new = copy.deepcopy(self)
+        new._apply_plan(new.truncation_plan(width))
         new.truncated_width = width
         return new
+
+    def _apply_plan(self, plan: dict[str, "LayerCut"]) -> None:
+        for name, layer in self.named_modules():
+            if isinstance(layer, BayesNestedLayer):
+                cut = plan[name]
+                in_keep = None if cut.in_ranges is None else cut.in_ranges[0][1]
+                layer.truncate_(cut.out_keep, in_keep, cut.out_scale)
+
+
+@dataclass
+class LayerCut:
+    """One layer of a width's truncation plan (:meth:`NestedModel.truncation_plan`).
+
+    ``out_keep``: kept output channels, a prefix (None: all); ``in_ranges``: kept input
+    channels as ``[start, stop)`` ranges in torch input-channel units (None: all; one prefix
+    range in the built-in models, one range per concatenated segment in ``trainer.nest``
+    models); ``out_scale``: the kept outputs' keep probabilities (folded into the layer);
+    ``in_scale``: per kept input channel, a ReLU6 producer's keep probability folded forward
+    (``trainer.nest``), None otherwise."""
+
+    out_keep: int | None
+    in_ranges: list[tuple[int, int]] | None
+    out_scale: torch.Tensor | None = None
+    in_scale: torch.Tensor | None = None
 
 
 def _input_channels(layer: BayesNestedLayer) -> int:
