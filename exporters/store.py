@@ -1,0 +1,277 @@
+"""Checkpoint model -> the weight store (issue 21, docs/store.md §2): the full-width network
+once, what each width keeps and folds, and what generates each posterior sample.
+
+:func:`build_store` writes the index schema :mod:`edge_sdk.store.materialize` reads (its module
+docstring lists every key and array). The point weights are stored unfolded, in torch layout
+and the learned channel order, so every width is a prefix (:meth:`NestedModel.truncation_plan`
+says which rows and columns); per width only the fold ``(a, t)`` of every layer (keep
+probability x batch norm re-collected for that width, :func:`exporters.fold.fold_affine`) and
+the forward-folded input scales. Posterior samples are generated on the device
+(:func:`edge_sdk.store.materialize.sample_weights`); their batch norms are re-collected here on
+exactly those weights: the exporter decodes its own store and draws with the device's sampler.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from edge_sdk.bundle import width_key
+from edge_sdk.errors import ConfigError
+from edge_sdk.store import SAMPLER, Store, bits_for, decode_store, encode_store, pack_bits
+from edge_sdk.store.materialize import STORE_INDEX_VERSION, decode_point, sample_weights
+from edge_sdk.store.quant import quantize_per_channel
+from exporters.fold import fold_affine
+from exporters.slice import classifier_name, make_slice
+from exporters.tflite import lower_point_slice
+from trainer.layers import BayesNestedLayer
+
+__all__ = ["StoreBuild", "build_store", "encode_sigma", "sqs_categorical"]
+
+_U16 = 1 << 16
+
+
+@dataclass
+class StoreBuild:
+    """What :func:`build_store` made: the store as the device decodes it (read-only views on
+    ``data``), its bytes, the per-width graph descriptions (the manifest's ``graphs``) and
+    per-layer notes (encoding, bits, route, bytes)."""
+
+    store: Store
+    data: bytes
+    graphs: dict[str, dict]
+    notes: dict[str, dict]
+
+
+def _packed(values: np.ndarray, bits: int) -> np.ndarray:
+    return np.frombuffer(pack_bits(np.asarray(values), bits), np.uint8).copy()
+
+
+def _kind(layer: BayesNestedLayer) -> str:
+    if hasattr(layer, "in_features"):
+        return "linear"
+    return "depthwise" if getattr(layer, "depthwise", False) else "conv"
+
+
+def _codebook(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(sorted distinct float32 values, index of each value, index bits)."""
+    book = np.unique(values.astype(np.float32))
+    return book, np.searchsorted(book, values.astype(np.float32)), bits_for(max(book.size, 1))
+
+
+def encode_sigma(sigma: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """sigma on a per-layer codebook of ``2**bits`` float32 values, log-spaced from the layer's
+    smallest to its largest positive sigma (one entry is 0 when some sigma is 0: PWFN's fixed
+    singletons), each weight taking the nearest entry in log space. (codebook, indices)."""
+    s = np.asarray(sigma, np.float64).reshape(-1)
+    if not np.isfinite(s).all() or (s < 0).any():
+        raise ConfigError("posterior sigma must be finite and >= 0")
+    k = 1 << bits
+    pos = s[s > 0]
+    zero = bool((s == 0).any())
+    if pos.size == 0:
+        return np.zeros(1, np.float32), np.zeros(s.size, np.int64)
+    lo, hi = float(pos.min()), float(pos.max())
+    n = max(k - int(zero), 1)
+    book = np.exp(np.linspace(np.log(lo), np.log(hi), n)) if n > 1 and hi > lo else \
+        np.full(1, np.sqrt(lo * hi))
+    book = book.astype(np.float32)
+    if hi > lo and n > 1:
+        pos_idx = np.rint((np.log(np.maximum(s, lo)) - np.log(lo)) / (np.log(hi) - np.log(lo))
+                          * (n - 1)).astype(np.int64)
+    else:
+        pos_idx = np.zeros(s.size, np.int64)
+    if zero:
+        book = np.concatenate([[0.0], book]).astype(np.float32)
+        idx = np.where(s == 0, 0, pos_idx + 1)
+    else:
+        idx = pos_idx
+    return book, idx
+
+
+def sqs_categorical(t: dict, tau: float, book: np.ndarray) -> dict:
+    """One SQS tensor's categorical over its window's codebook entries (eq. 9 at sampling
+    temperature ``tau``), in the store's sparse form (docs/store.md §2): per non-zero weight
+    the entries whose probability survives 16-bit quantization, their store-codebook indices
+    and cumulative uint16 thresholds. Weights left with one entry are certain (their point
+    value: no bytes). Returns the arrays' values and counts."""
+    mask = t["mask"].flatten().cpu().numpy().astype(bool)
+    window = t["window"].flatten().long().cpu().numpy()[mask]
+    valid = t["valid"].cpu().numpy().astype(bool)[window]  # [n, K]
+    comp = t["codebook"].double().cpu().numpy()  # [windows, K]
+    r = np.exp(t["log_resp"].float().cpu().numpy().astype(np.float64)) / tau
+    r = np.where(valid, r, -np.inf)
+    r -= r.max(axis=1, keepdims=True)
+    phi = np.exp(r)
+    phi /= phi.sum(axis=1, keepdims=True)
+    cum = np.rint(np.cumsum(phi, axis=1) * _U16).astype(np.int64)
+    cum[:, -1] = _U16
+    mass = np.diff(cum, axis=1, prepend=0)
+    alive = (mass > 0) & valid
+    # one surviving entry: certain, the weight keeps its point (greedy, the argmax) value
+    count = alive.sum(axis=1)
+    uncertain = count >= 2
+    code = np.searchsorted(book, comp[window].astype(np.float32))
+    rows, cols = np.nonzero(alive[uncertain])
+    urows = np.flatnonzero(uncertain)[rows]
+    entries = code[urows, cols]
+    thr_all = cum[urows, cols]
+    last = np.r_[rows[1:] != rows[:-1], True]  # each weight's last entry: implicit 65536
+    return {"uncertain": uncertain, "count": count[uncertain], "entries": entries,
+            "thresholds": thr_all[~last].astype(np.uint16)}
+
+
+def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | None,
+                  sampled: bool, sigma_bits: int) -> tuple[dict, dict[str, np.ndarray]]:
+    """(index entry, arrays) of one layer's point weights and sampler."""
+    mu = layer.weight_mu.detach().cpu().numpy().astype(np.float32)
+    shape = list(mu.shape)
+    arrays: dict[str, np.ndarray] = {}
+    entry: dict = {"shape": shape}
+    posterior = (post or {}).get("kind", "gaussian")
+    if posterior == "gaussian":
+        qt = quantize_per_channel(mu, 0)
+        arrays[f"{name}/codes"] = qt.values
+        entry.update(encoding="int8", bits=8, route="int8")
+        step = qt.scale
+    else:
+        sqs = posterior == "sqs"
+        if sqs:
+            t = post["tensors"][name]
+            mask = t["mask"].cpu().numpy().astype(bool).reshape(shape)
+            if (mu[~mask] != 0).any():
+                raise ConfigError(f"{name}: SQS point weights outside the non-zero mask")
+            comp = t["codebook"].float().cpu().numpy()[t["valid"].cpu().numpy().astype(bool)]
+            book = np.unique(np.concatenate([comp, mu[mask]]).astype(np.float32))
+            idx = np.searchsorted(book, mu[mask])
+            bits = bits_for(book.size)
+            arrays[f"{name}/mask"] = _packed(mask.reshape(-1), 1)
+            entry.update(encoding="sparse_codebook")
+        else:
+            book, idx, bits = _codebook(mu.reshape(-1))
+            entry.update(encoding="codebook")
+        arrays[f"{name}/codebook"] = book
+        arrays[f"{name}/index"] = _packed(idx, bits)
+        # the power-of-two step that makes codebook values exact (prepare_weights(pow2_step))
+        qt = quantize_per_channel(mu, 0, pow2_step=True)
+        entry.update(bits=bits, route="int8" if qt.exact else "float")
+        step = qt.scale
+    arrays[f"{name}/step"] = step.astype(np.float32)
+    entry["sampler"] = "none"
+    if sampled and posterior == "sqs":
+        cat = sqs_categorical(post["tensors"][name], float(post["sample_tau"]), book)
+        count_bits = bits_for(max(int(cat["count"].max(initial=2)) - 1, 1))
+        arrays[f"{name}/cat_flag"] = _packed(cat["uncertain"], 1)
+        arrays[f"{name}/cat_count"] = _packed(cat["count"] - 2, count_bits)
+        arrays[f"{name}/cat_entry"] = _packed(cat["entries"], entry["bits"])
+        arrays[f"{name}/cat_thr"] = cat["thresholds"]
+        entry.update(sampler="categorical", cat={
+            "count_bits": count_bits, "uncertain": int(cat["uncertain"].sum()),
+            "entries": int(cat["entries"].size)})
+    elif sampled:
+        if posterior == "pwfn":
+            sigma = post["tensors"][f"{name}.weight"]["sigma"].detach().cpu().numpy()
+        else:
+            sigma = layer.weight_sigma.detach().cpu().numpy()
+        book_s, idx_s = encode_sigma(sigma, sigma_bits)
+        bits_s = bits_for(book_s.size)
+        arrays[f"{name}/sigma_codebook"] = book_s
+        arrays[f"{name}/sigma_index"] = _packed(idx_s, bits_s)
+        entry.update(sampler="normal", sigma_bits=bits_s)
+    return entry, arrays
+
+
+def _device_model(model, store: Store, layers: dict[str, BayesNestedLayer]):
+    """A copy of ``model`` running the store's decoded point weights (what the device runs)."""
+    m = copy.deepcopy(model)
+    mods = dict(m.named_modules())
+    with torch.no_grad():
+        for name in layers:
+            w = mods[name].weight_mu
+            w.copy_(torch.from_numpy(decode_point(store, name)).to(w))
+    return m
+
+
+def _folds(sl, names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    mods = dict(sl.named_modules())
+    return {n: tuple(v.astype(np.float32) for v in fold_affine(mods[n])) for n in names}
+
+
+def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Sequence,
+                input_shape: Sequence[int], *, samples: int = 0, seed: int = 0,
+                weights: str = "dequantize", sigma_bits: int = 4, device=None,
+                log=print) -> StoreBuild:
+    """The store of ``model`` (a checkpoint's full nested model) for ``widths`` (snapped) and
+    ``samples`` posterior samples (0: point only, no sampler data). ``calib``: the batches
+    batch norms are re-collected on; ``input_shape``: NHWC of one sample."""
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
+    post = dict(ckpt.get("posterior") or {}, kind=kind)
+    sampled = samples > 0
+    index: dict = {"version": STORE_INDEX_VERSION, "sampler": SAMPLER, "posterior": kind,
+                   "seed": int(seed) & 0xFFFFFFFF, "weights": weights,
+                   "classifier": classifier_name(model), "samples": int(samples),
+                   "layers": {}, "widths": {}}
+    arrays: dict[str, np.ndarray] = {}
+    for name, layer in layers.items():
+        entry, arr = _layer_arrays(name, layer, _kind(layer), post, sampled, sigma_bits)
+        index["layers"][name] = {"kind": _kind(layer), **entry}
+        arrays.update(arr)
+    partial = Store(index, arrays)
+    dev_model = _device_model(model, partial, layers)
+    draws = [{n: torch.from_numpy(sample_weights(partial, n, s)) for n in layers}
+             for s in range(samples)]
+    graphs: dict[str, dict] = {}
+    for w in widths:
+        wk = width_key(w)
+        if wk in index["widths"]:
+            raise ConfigError(f"widths {w:g} and {index['widths'][wk]['width']:g} share the "
+                              f"store key {wk!r}")
+        plan = model.truncation_plan(w)
+        point = make_slice(dev_model, w, calib, device=device)
+        folds = [_folds(point, layers)] + [
+            _folds(make_slice(dev_model, w, calib, d, device), layers) for d in draws]
+        graph, _, records = lower_point_slice(point, input_shape, "float")
+        graphs[wk] = graph.to_dict()
+        for r in records:
+            if r["kind"] == "linear":
+                hw = r["flat_hw"]
+                old = index["layers"][r["layer"]].setdefault("flat_hw", hw)
+                if old != hw:
+                    raise ConfigError(f"{r['layer']}: flattened from {old} and {hw}")
+        cuts, off, in_off, scales = {}, 0, 0, []
+        for name, layer in layers.items():
+            cut = plan[name]
+            k = layer.out_channels if cut.out_keep is None else cut.out_keep
+            entry = {"out": int(k), "in": None if cut.in_ranges is None else
+                     [[int(a), int(b)] for a, b in cut.in_ranges], "fold": off,
+                     "in_scale": None}
+            if cut.in_scale is not None:
+                s = cut.in_scale.detach().cpu().numpy().astype(np.float32)
+                entry["in_scale"] = in_off
+                scales.append(s)
+                in_off += s.size
+            cuts[name] = entry
+            off += k
+        fold = np.zeros((1 + samples, 2, off), np.float32)
+        for row, f in enumerate(folds):
+            for name, (a, t) in f.items():
+                o, k = cuts[name]["fold"], cuts[name]["out"]
+                fold[row, 0, o:o + k], fold[row, 1, o:o + k] = a, t
+        arrays[f"{wk}/fold"] = fold
+        if scales:
+            arrays[f"{wk}/in_scale"] = np.concatenate(scales)
+        index["widths"][wk] = {"width": float(w), "channels": int(off), "layers": cuts}
+    for name, L in index["layers"].items():
+        if L["kind"] == "linear":
+            L.setdefault("flat_hw", [1, 1])
+    data = encode_store(Store(index, arrays))
+    store = decode_store(data)
+    notes = {n: {"encoding": L["encoding"], "bits": L["bits"], "route": L["route"],
+                 "sampler": L["sampler"],
+                 "bytes": int(sum(a.nbytes for k, a in arrays.items()
+                                  if k.startswith(f"{n}/")))}
+             for n, L in index["layers"].items()}
+    return StoreBuild(store, data, graphs, notes)
