@@ -196,6 +196,13 @@ class EdgeModel(Executor):
         invoke, the cost a cold configuration adds to one call and never to the estimate."""
         return dict(self.policy.first_use_ms)
 
+    @property
+    def materialize_ms(self) -> dict[str, float]:
+        """A store bundle: per file materialised in this process, the ms of its last
+        materialisation + verification (sha256, tensors), part of its configuration's
+        first-use cost; empty for a files bundle (read and verified at load)."""
+        return dict(getattr(self._slices, "materialize_ms", {}))
+
     def predict(self, x, budget: Budget | None = None, *, config_id: str | None = None
                 ) -> Prediction:
         """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
@@ -418,6 +425,14 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
          threads: int | None = None, **kwargs) -> EdgeModel:
     """Load and verify a bundle (schema version, every file's sha256) before anything runs.
 
+    A store bundle (schema version 3, ``layout: store``): ``store.bin`` is read once, its size
+    and sha256 checked, and decoded; one slice per distinct graph (per width: the point slice,
+    a sampled slice, the head slice with the most heads) is materialised, checked against the
+    manifest's sha256 and tensors and parsed by the backend here, so a broken store or a
+    materialiser that disagrees with the exporter fails now. Every other slice is materialised
+    and checked the same way on first use (a first-use cost, ``first_use_ms``, never part of
+    the latency estimate).
+
     ``profile`` seeds the latency the policy expects of each configuration until this process
     has measured it: "auto" (a measured profile cached by ``edge-sdk profile`` for this bundle
     and host, else the manifest's host measurements), a built-in device profile name
@@ -427,7 +442,8 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
     installed, LiteRT first); a bundle the backend would answer wrongly raises BackendError.
     Keyword arguments: ``policy`` ("best" or "cascade"), ``target_accuracy``, ``strict`` (raise
     :class:`BudgetNotMetError` instead of answering outside the budget), ``memory_cap_mb``
-    (resident interpreters per thread; also a memory limit of every decision), and the
+    (resident interpreters per thread, and a store bundle's materialised slice bytes, least
+    recently used evicted first; also a memory limit of every decision), and the
     policy's tunables ``hysteresis`` (headroom a better configuration needs to replace the
     incumbent, default 0.1), ``half_life_s`` / ``half_life_calls`` (how fast a measurement
     ages toward the prior, default 10 s / 200 decisions).
