@@ -97,7 +97,8 @@ def test_a_memory_budget_picks_the_largest_s_that_fits():
 
 def test_the_cascade_climb_keeps_s():
     """No exported plans: the climb is one rung per width at the chosen scope *and* S."""
-    pol = policy(mode="cascade")
+    pol = Policy([c for c in candidates() if c.scope == "all"], MemoryProbe(lambda: 1e9),
+                 mode="cascade")
     plan = pol.plan(Budget(latency_ms=4.5))
     assert plan.stages[-1].config.id == "w1.00-all4"
     assert [s.config.id for s in plan.stages] == [f"w{w:.2f}-all4" for w in WIDTHS]

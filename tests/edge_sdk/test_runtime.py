@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,7 +130,9 @@ def test_damaged_file_is_refused_before_use(bundle, manifest, tmp_path, no_inter
 def test_damaged_manifest_is_refused(bundle, tmp_path, no_interpreter):
     copy = copy_bundle(bundle, tmp_path / "b")
     text = (copy / MANIFEST_NAME).read_text()
-    (copy / MANIFEST_NAME).write_text(text.replace("schema_version: 2", "schema_version: 99"))
+    damaged = re.sub(r"(?m)^schema_version: \d+$", "schema_version: 99", text)
+    assert damaged != text
+    (copy / MANIFEST_NAME).write_text(damaged)
     with pytest.raises(BundleError, match="schema version"):
         edge_sdk.load(copy)
     (copy / MANIFEST_NAME).write_text(text[: len(text) // 2] + "\n  - [unclosed")
