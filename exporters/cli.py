@@ -33,7 +33,12 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--widths", type=_floats, default=[0.25, 0.5, 0.75, 1.0])
-    p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
+    p.add_argument("--samples", type=int, default=8,
+                   help="posterior samples per width (store layout: S_max, every S in 1..S_max "
+                        "is a configuration)")
+    p.add_argument("--layout", choices=["store", "files"], default="store",
+                   help="store (default): one weight store, slices materialised on the device "
+                        "(docs/store.md); files: one .tflite per slice, for apps outside Python")
     p.add_argument("--scope", default="point",
                    help="comma-separated subset of point,head,all (default point: on the issue "
                         "17 benchmarks posterior samples added <= 0.6 pt OOD AUROC at S x the cost)")
@@ -66,7 +71,7 @@ def export_main(argv: list[str]) -> int:
                          weights=args.weights, measure=not args.no_measure, force=args.force,
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
-                         max_eval=args.max_eval, device=args.device)
+                         max_eval=args.max_eval, device=args.device, layout=args.layout)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_calibration_warning(warnings.showwarning)
         print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))

@@ -5,6 +5,11 @@ Scopes per width (the exporter issue's "Posterior samples"):
   point  the posterior's point estimate (PWFN: codebook means; SQS: pruned greedy weights)
   head   the point backbone with S sampled classifiers stacked in one graph: [S, C] per invoke
   all    S fully sampled slices, each with its own BN statistics: S invokes
+
+Layouts (issue 21, docs/store.md §1): ``store`` (the default) writes one weight store
+(:mod:`exporters.store`) and every slice is materialised from it by the device's own function,
+with S a run-time choice (a head and an all configuration per S in 1 .. S_max,
+:func:`exporters.configs.store_width`); ``files`` writes one ``.tflite`` per file, S fixed.
 """
 from __future__ import annotations
 
@@ -14,15 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from edge_sdk import metrics as M
 from edge_sdk.bundle import SCOPES
 from edge_sdk.errors import ConfigError
-from exporters.calibrate import (cascade_threshold, confidence_thresholds, fit_temperature,
-                                 predictive_probs)
-from exporters.measure import latency_ms, memory_mb, run_tflite
+# quality and slice_logits live with the configuration records; imported from here too
+from exporters.configs import (Configurations, EvalSets, quality, slice_logits,  # noqa: F401
+                               store_width)
 from trainer.device import resolve_device
 from exporters.slice import (make_slice, posterior_kind, posterior_samples, sliced_heads,
                              stack_heads)
@@ -45,7 +49,10 @@ class ExportOptions:
     weights: str = "dequantize"  # int8 per-channel + DEQUANTIZE, or "float"
     # "store" (issue 21, docs/store.md): one weight store, every slice materialised from it;
     # "files": one .tflite per configuration file, for apps outside Python
-    layout: str = "files"
+    layout: str = "store"
+    # sigma on a per-layer codebook of 2**sigma_bits log-spaced values (store layout, sampled
+    # scopes): 4 bits measured within noise of exact sigma (README "Store", docs/store.md §2)
+    sigma_bits: int = 4
     targets: Sequence[float] = (0.9, 0.95, 0.99)  # accuracies the thresholds are fitted for
     # accuracy a two-stage cascade may give up against always running the wider configuration
     # (validation); 0.2 pt keeps the test-set loss inside the 0.3 pt the runtime issue asks for
@@ -60,29 +67,6 @@ class ExportOptions:
     # where BN statistics are re-collected (auto = CUDA when available, else CPU)
     device: str = "auto"
     extra_source: dict = field(default_factory=dict)
-
-
-def slice_logits(files: list[bytes], scope: str, xs: np.ndarray) -> np.ndarray:
-    """[S, N, C] logits of a configuration on NHWC inputs, through the interpreter (head scope:
-    one file, [S, C] per invoke; all scope: one file per sample)."""
-    if scope == "head":
-        return np.transpose(run_tflite(files[0], xs), (1, 0, 2))  # [N, S, C] -> [S, N, C]
-    return np.stack([run_tflite(f, xs)[:, 0] for f in files])
-
-
-def quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
-            ood_logits: np.ndarray | None) -> tuple[np.ndarray, dict[str, float]]:
-    """Predictive probabilities [N, C] (samples averaged at ``temperature``) and the metrics
-    row the manifest records (accuracy, NLL, ECE, Brier, mutual information, OOD AUROC)."""
-    probs_s = M.sample_probs(logits, temperature)
-    probs = probs_s.mean(0)
-    row = {k: float(v) for k, v in M.summarize(probs, labels).items()}
-    row["mutual_info"] = float(M.mutual_information(probs_s).mean())
-    if ood_logits is not None:
-        ood_probs = M.sample_probs(ood_logits, temperature)
-        row["ood_auroc"] = float(M.ood_auroc(M.predictive_entropy(probs_s),
-                                             M.predictive_entropy(ood_probs)))
-    return probs, row
 
 
 def _codebook_stats(model, kind: str) -> tuple[int | None, float | None]:
@@ -140,6 +124,11 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     if not isinstance(opts.samples, int) or opts.samples < 1:
         raise ConfigError(f"samples must be an integer >= 1 (posterior samples per width), got "
                           f"{opts.samples!r}")
+    if opts.layout not in B.BUNDLE_LAYOUTS:
+        raise ConfigError(f"layout must be one of {', '.join(B.BUNDLE_LAYOUTS)}, got "
+                          f"{opts.layout!r}")
+    if not isinstance(opts.sigma_bits, int) or not 1 <= opts.sigma_bits <= 8:
+        raise ConfigError(f"sigma_bits must be an integer in [1, 8], got {opts.sigma_bits!r}")
     if not 0 <= opts.cascade_max_loss <= 1:
         raise ConfigError(f"cascade_max_loss must be an accuracy difference in [0, 1], got "
                           f"{opts.cascade_max_loss!r}")
@@ -152,8 +141,6 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
 
 
 def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, log) -> Path:
-    from tqdm import tqdm
-
     from edge_sdk import bundle as B
 
     if Path(out).exists() and not opts.force:
@@ -179,75 +166,20 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
         ood_x, _ = nhwc_inputs(load_ood(opts.ood_data, spec), opts.max_eval)
     shape = list(spec.shape)
     classes = len(spec.classes)
-    samples = posterior_samples(model, ckpt, opts.samples, opts.seed) \
-        if {"head", "all"} & set(opts.scopes) else []
-
-    configs, files, weight_notes, val_probs_of = [], {}, {}, {}
-    plan = [(w, s) for w in widths for s in SCOPES if s in opts.scopes]
-    bar = tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
-    point = None
-    for w, scope in bar:
-        bar.set_postfix_str(f"width {w:g} {scope}")
-        if scope == "point" or point is None or point.truncated_width != w:
-            point = make_slice(model, w, calib, device=device)
-        if scope == "point":
-            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
-            unique, entropy = _codebook_stats(point, kind)
-        elif scope == "head":
-            heads = stack_heads(point, sliced_heads(model, samples, w))
-            blobs = [export_point_slice(heads, shape, opts.weights,
-                                        output_shape=[opts.samples, classes])]
-            unique = entropy = None
-        else:
-            blobs = [export_point_slice(make_slice(model, w, calib, s, device), shape,
-                                        opts.weights)
-                     for s in samples]
-            unique = entropy = None
-        S = 1 if scope == "point" else opts.samples
-        cid = f"w{w:.2f}-{scope}" + ("" if scope == "point" else str(S))
-        names = [f"{cid}.tflite"] if len(blobs) == 1 else \
-            [f"{cid}-s{i}.tflite" for i in range(len(blobs))]
-        bufs = [b for b, _ in blobs]
-        info = blobs[0][1]
-        val_logits = slice_logits(bufs, scope, val_x)
-        temperature = fit_temperature(val_logits, val_y)
-        val_probs = predictive_probs(val_logits, temperature)
-        val_probs_of[cid] = val_probs
-        test_logits = slice_logits(bufs, scope, test_x)
-        ood_logits = None if ood_x is None else slice_logits(bufs, scope, ood_x)
-        latency = memory = None
-        if opts.measure:
-            per_file = [latency_ms(b, test_x[0]) for b in bufs]
-            latency = float(sum(per_file))  # all scope: S invokes per prediction
-            weight_bytes = sum(i["params"] for _, i in blobs)  # int8: a byte per weight
-            memory = float(sum(memory_mb(b, weight_bytes // len(bufs)) for b in bufs))
-        for name, b in zip(names, bufs):
-            files[name] = b
-        weight_notes[cid] = {
-            "float_fallback": sorted({t for _, i in blobs for t in i["float_fallback"]}),
-            "int8_max_rel_error": max(r["max_rel_error"] for _, i in blobs for r in i["tensors"])}
-        configs.append(dict(
-            id=cid, width=float(w), scope=scope, samples=S,
-            files=[B.file_entry(n, b).to_dict() for n, b in zip(names, bufs)],
-            invokes=len(bufs),
-            output={"kind": "logits", "shape": [S if scope == "head" else 1, classes]},
-            temperature=float(temperature), temperature_folded=False, weights=opts.weights,
-            macs=int(info["macs"]), params=int(info["params"]), unique_values=unique,
-            weight_entropy_bits=entropy,
-            thresholds=confidence_thresholds(val_probs, val_y, opts.targets),
-            val_nll=float(M.nll(val_probs, val_y)),
-            test={"raw": quality(test_logits, test_y, 1.0, ood_logits)[1],
-                  "calibrated": quality(test_logits, test_y, temperature, ood_logits)[1]},
-            latency_ms=latency, memory_mb=memory))
-    bar.close()
-    for c in configs:  # two-stage cascade plans: this configuration first, a wider one second
-        c["cascade"] = {
-            o["id"]: cascade_threshold(val_probs_of[c["id"]], val_probs_of[o["id"]], val_y,
-                                       opts.cascade_max_loss)
-            for o in configs if o["scope"] == c["scope"] and o["width"] > c["width"]}
+    ev = EvalSets(val_x, val_y, test_x, test_y, ood_x)
+    out_cfg = Configurations(ev, opts.targets, opts.weights, opts.measure, classes)
+    sampled = bool({"head", "all"} & set(opts.scopes))
+    extra: dict = {}
+    if opts.layout == "store":
+        files, weight_notes = _store_layout(model, ckpt, kind, widths, calib, shape, opts,
+                                            out_cfg, device, sampled, progress, extra)
+    else:
+        files, weight_notes = _files_layout(model, ckpt, kind, widths, calib, shape, opts,
+                                            out_cfg, device, sampled, progress)
+    configs = out_cfg.finish(opts.cascade_max_loss)
     sd = spec.to_dict()
     manifest = B.Manifest.from_dict({
-        "schema_version": B.SCHEMA_VERSION,
+        "schema_version": B.SCHEMA_VERSION, "layout": opts.layout, **extra,
         "input": {k: sd[k] for k in ("shape", "layout", "dtype", "value_range", "mean", "std")},
         "labels": list(spec.classes),
         "source": {"checkpoint": Path(checkpoint).name,
@@ -271,6 +203,76 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
     path = B.write_bundle(out, manifest, files, force=opts.force, lock=lock)
     log(summary(manifest))
     return path
+
+
+def _bar(plan: list, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
+
+
+def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
+                  progress) -> tuple[dict, dict]:
+    """One ``.tflite`` per file, S = ``opts.samples`` fixed (what version 2 wrote)."""
+    samples = posterior_samples(model, ckpt, opts.samples, opts.seed) if sampled else []
+    classes = out_cfg.classes
+    files, weight_notes = {}, {}
+    bar = _bar([(w, s) for w in widths for s in SCOPES if s in opts.scopes], progress)
+    point = None
+    for w, scope in bar:
+        bar.set_postfix_str(f"width {w:g} {scope}")
+        if scope == "point" or point is None or point.truncated_width != w:
+            point = make_slice(model, w, calib, device=device)
+        if scope == "point":
+            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
+            unique, entropy = _codebook_stats(point, kind)
+        elif scope == "head":
+            heads = stack_heads(point, sliced_heads(model, samples, w))
+            blobs = [export_point_slice(heads, shape, opts.weights,
+                                        output_shape=[opts.samples, classes])]
+            unique = entropy = None
+        else:
+            blobs = [export_point_slice(make_slice(model, w, calib, s, device), shape,
+                                        opts.weights)
+                     for s in samples]
+            unique = entropy = None
+        S = 1 if scope == "point" else opts.samples
+        cid = f"w{w:.2f}-{scope}" + ("" if scope == "point" else str(S))
+        names = [f"{cid}.tflite"] if len(blobs) == 1 else \
+            [f"{cid}-s{i}.tflite" for i in range(len(blobs))]
+        bufs = [b for b, _ in blobs]
+        out_cfg.add(cid, w, scope, S, names, bufs, out_cfg.ev.logits(bufs, scope),
+                    blobs[0][1], unique, entropy)
+        files.update(zip(names, bufs))
+        weight_notes[cid] = {
+            "float_fallback": sorted({t for _, i in blobs for t in i["float_fallback"]}),
+            "int8_max_rel_error": max(r["max_rel_error"] for _, i in blobs for r in i["tensors"])}
+    bar.close()
+    return files, weight_notes
+
+
+def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
+                  progress, extra: dict) -> tuple[dict, dict]:
+    """One weight store; every slice materialised from it (docs/store.md); S in 1 .. S_max."""
+    from edge_sdk import bundle as B
+    from exporters.store import build_store
+
+    s_max = opts.samples if sampled else 0
+    build = build_store(model, ckpt, kind, widths, calib, shape, samples=s_max,
+                        seed=opts.seed, weights=opts.weights, sigma_bits=opts.sigma_bits,
+                        device=device)
+    weight_notes: dict = {}
+    bar = _bar(widths, progress)
+    for w in bar:
+        bar.set_postfix_str(f"width {w:g}")
+        stats = _codebook_stats(model.truncate(w), kind) if "point" in opts.scopes else ()
+        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats))
+    bar.close()
+    name = "store.bin"
+    extra.update(store=B.file_entry(name, build.data, B.StoreEntry).to_dict(),
+                 graphs=build.graphs)
+    weight_notes["store"] = build.notes  # per layer: encoding, bits, route, sampler, bytes
+    return {name: build.data}, weight_notes
 
 
 def summary(manifest) -> str:

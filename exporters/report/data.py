@@ -127,12 +127,26 @@ def load_eval_data(manifest: Manifest, eval_data: str | None = None,
                     ood_x=ood_x, ood_description=ood_desc)
 
 
+_SOURCES: dict = {}  # bundle dir -> (manifest mtime, verified slice source): one store read
+
+
 def _config_logits(bundle_dir: Path, config: Configuration, xs: np.ndarray) -> np.ndarray:
-    """[S, N, C] logits of ``config`` on NHWC inputs, through the interpreter."""
+    """[S, N, C] logits of ``config`` on NHWC inputs, through the interpreter; a store bundle's
+    files are materialised from its verified store (issue 21)."""
+    from edge_sdk.bundle import MANIFEST_NAME, read_manifest
+    from edge_sdk.bundle.materialized import open_slices
     from exporters.export import slice_logits
 
-    bufs = [resolve_file(bundle_dir, f.name).read_bytes() for f in config.files]
-    return slice_logits(bufs, config.scope, xs)
+    key = str(Path(bundle_dir).resolve())
+    stamp = (Path(bundle_dir) / MANIFEST_NAME).stat().st_mtime_ns
+    if key not in _SOURCES or _SOURCES[key][0] != stamp:
+        manifest = read_manifest(bundle_dir, verify=False)
+        if manifest.layout != "store":
+            bufs = [resolve_file(bundle_dir, f.name).read_bytes() for f in config.files]
+            return slice_logits(bufs, config.scope, xs)
+        _SOURCES[key] = (stamp, open_slices(bundle_dir, manifest))
+    source = _SOURCES[key][1]
+    return slice_logits([source[f.name] for f in config.files], config.scope, xs)
 
 
 def evaluate_configuration(bundle_dir: str | os.PathLike, config: Configuration,

@@ -393,9 +393,11 @@ def bundles(checkpoints, workdir):
     class _Lazy(dict):
         def __missing__(self, kind):
             out = workdir / f"bundle-{kind}"
+            # layout files: these tests read the written .tflite files (a store bundle's
+            # slices are materialised: tests/exporters/test_store.py)
             path = export_bundle(checkpoints[kind], out, ExportOptions(
                 widths=WIDTHS, samples=S, scopes=["point", "head", "all"], measure=False,
-                max_eval=MAX_EVAL), **QUIET)
+                max_eval=MAX_EVAL, layout="files"), **QUIET)
             assert Path(path) == out.resolve()
             self[kind] = out
             return out
@@ -532,7 +534,8 @@ def test_force_replaces_the_bundle(checkpoints, workdir):
                   **QUIET)
     man = read_manifest(out, verify=True)
     assert list(man.ids) == ["w1.00-point"]
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.yaml", "w1.00-point.tflite"]
+    # the default layout: one weight store, the slice materialised from it
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.yaml", "store.bin"]
     assert not [p for p in workdir.iterdir() if p.name.startswith(".forced")]
 
 
@@ -607,7 +610,9 @@ def test_cli_export(checkpoints, workdir):
     assert warned == [warned[0]] and warned[0].startswith("warning: only 20 validation samples")
     assert "CalibrationWarning" not in r.stderr and "XNNPACK" not in r.stderr, r.stderr
     manifest = read_manifest(out, verify=True)
-    assert list(manifest.ids) == ["w1.00-point", "w1.00-head2"]
+    # the default layout, store: S is a run-time choice, one head configuration per S
+    assert manifest.layout == "store"
+    assert list(manifest.ids) == ["w1.00-point", "w1.00-head1", "w1.00-head2"]
     for c in manifest.configurations:  # noise against digits: an easy OOD task
         assert c.test["calibrated"]["ood_auroc"] > 0.5, c.test
 
