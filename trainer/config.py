@@ -194,6 +194,9 @@ class TrainConfig:
     # (18k subset, 5 epochs) 80.3 -> 88.0 % at width 0.25, +0.7 / +0.5 / -0.1 pt at 0.5..1;
     # cifar10_dev (width_mult 0.25, 6 epochs) +7.7 / +2.4 / +0.5 / -2.6 pt at 0.25..1
     min_width: float | None = _opt(None, min=0.0, max=1.0, min_exclusive=True)
+    # the sampled pass's width: the ordering's Downhill draw, or uniform over the group
+    # boundaries between min_width and 1 (US-Nets' random widths; trainer/regime.py)
+    sampled_width: str = _opt("downhill", choices=("downhill", "uniform"))
     # in-place distillation: with sandwich, the sampled and smallest widths learn the full
     # width's (detached) soft predictions instead of the labels
     distill: bool = True

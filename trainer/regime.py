@@ -11,6 +11,10 @@ the ordering's sampling, not from the KL or the weight noise), so a step can add
 - ``train.sandwich``: the sandwich rule of US-Nets (Yu & Huang, 2019, §3.2): besides the
   Downhill sample, the full width and the smallest width are trained every step, with 0/1 masks
   (what a sample of that width runs);
+- ``train.sampled_width: uniform``: the sampled pass runs one width drawn uniformly from the
+  group boundaries strictly between the sandwich's narrowest and the full width (US-Nets'
+  random widths) instead of a Downhill draw, which at the learned keep probabilities (~0.96
+  per group) stops at a middle width a few percent of the steps;
 - ``train.distill``: in-place distillation (US-Nets §3.3): the full width learns the labels,
   the sampled and smallest widths its detached soft predictions;
 - ``bayes.noise_start``: the first fraction of the epochs runs the posterior means (one
@@ -52,12 +56,15 @@ def distillation_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor)
 def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor, *,
                mask_coupling: str, sandwich: bool, distill: bool, noise: bool,
                regularizer: Callable[[], torch.Tensor],
-               min_width: float | None = None) -> StepResult:
+               min_width: float | None = None, sampled_width: str = "downhill"
+               ) -> StepResult:
     """Forward and backward every pass of one step (the caller zeroes grads and steps).
 
     ``net`` is ``model`` or its DDP wrapper; ``regularizer()`` is added once per step (to the
     first pass); ``noise=False`` runs every Bayesian layer at its posterior mean;
-    ``min_width`` is the sandwich rule's narrowest width (default: the model's minimum).
+    ``min_width`` is the sandwich rule's narrowest width (default: the model's minimum);
+    ``sampled_width`` is ``"downhill"`` (the ordering's own draw) or ``"uniform"``
+    (:func:`uniform_width`).
     """
     means = contextlib.nullcontext() if noise else model.weight_mode("mean")
     total = 0.0
@@ -80,12 +87,17 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
             return F.cross_entropy(logits, y)
 
         units = model.orderings()
-        if mask_coupling == "network":
-            coupled_gumbel(units, len(x))
-        try:
-            logits = net(x)
-        finally:
-            clear_coupling(units)
+        if sampled_width == "uniform":
+            with model.width(uniform_width(model, min_width or model.min_width()),
+                             scaled=False):
+                logits = net(x)
+        else:
+            if mask_coupling == "network":
+                coupled_gumbel(units, len(x))
+            try:
+                logits = net(x)
+            finally:
+                clear_coupling(units)
         loss = target_loss(logits) + (reg if reg is not None else 0.0)
         loss.backward()
         total += loss.item()
@@ -103,7 +115,8 @@ def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: to
     use the same one, so fine-tuning never drifts the widths training kept)."""
     return train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
                       sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
-                      regularizer=regularizer, min_width=sandwich_min_width(model, cfg))
+                      regularizer=regularizer, min_width=sandwich_min_width(model, cfg),
+                      sampled_width=cfg.train.sampled_width)
 
 
 def sandwich_min_width(model: NestedModel, cfg: Config) -> float:
@@ -111,3 +124,14 @@ def sandwich_min_width(model: NestedModel, cfg: Config) -> float:
     model is evaluated and exported at (``train.eval_widths``), never below what it can run."""
     w = cfg.train.min_width or min(cfg.train.eval_widths)
     return max(w, model.min_width())
+
+
+def uniform_width(model: NestedModel, min_width: float) -> float:
+    """A width drawn uniformly (torch's global generator, so a seeded run repeats) from the
+    group boundaries ``k / G`` strictly between ``min_width`` and 1 (G = the finest unit's
+    groups); ``min_width`` itself when there is none between."""
+    groups = max((u.groups for u in model.orderings()), default=1)
+    lo = int(min_width * groups + 1e-9) + 1  # the first boundary above min_width
+    if lo >= groups:
+        return min_width
+    return int(torch.randint(lo, groups, ())) / groups

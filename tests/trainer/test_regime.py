@@ -135,6 +135,37 @@ def test_sandwich_trains_the_configured_narrowest_width():
     assert sandwich_min_width(model, cfg) == model.min_width() == 0.125  # never below the model
 
 
+def test_uniform_sampled_width_visits_every_middle_boundary_and_nothing_else():
+    """sampled_width=uniform: the sampled pass runs one fixed width per step, unscaled, drawn
+    from the group boundaries strictly between the narrowest and the full width, all of them."""
+    from trainer.regime import uniform_width
+
+    model = _model(groups=8)
+    model.set_mask_scope("batch")
+    model.train()
+    visits = []
+    layer = model.nested_layers()[0]
+    h = layer.register_forward_hook(
+        lambda m, i, o: visits.append((m.ordering.fixed_groups, m.ordering.fixed_scaled)))
+    x, y = _batch()
+    torch.manual_seed(0)
+    middles = []
+    for _ in range(40):
+        visits.clear()
+        _step(model, x, y, sandwich=True, min_width=0.25, sampled_width="uniform")
+        assert visits[0] == (8, False) and visits[2] == (2, False)
+        groups, scaled = visits[1]
+        assert scaled is False and 2 < groups < 8
+        middles.append(groups)
+    h.remove()
+    assert set(middles) == {3, 4, 5, 6, 7}
+    torch.manual_seed(5)
+    first = [uniform_width(model, 0.25) for _ in range(10)]
+    torch.manual_seed(5)
+    assert [uniform_width(model, 0.25) for _ in range(10)] == first  # seeded runs repeat
+    assert uniform_width(model, 7 / 8) == 7 / 8  # nothing strictly between: the narrowest
+
+
 def test_without_sandwich_a_step_is_one_sampled_pass():
     model = _model()
     model.train()
