@@ -60,8 +60,8 @@ def bench_bundle(path: str, repeats: int) -> None:
         print(f"{path}: layout {m.layout!r}, not a store bundle; skipped")
         return
     src = m.source or {}
-    print(f"\n== {path}: {src.get('model', src.get('arch', '?'))} "
-          f"{src.get('model_kwargs', '')} store {m.store.bytes / 1024:.0f} KiB, "
+    print(f"\n== {path}: {src.get('architecture', '?')} ({src.get('posterior', '?')}), "
+          f"input {list(m.input.shape)}, store {m.store.bytes / 1024:.0f} KiB, "
           f"{len(m.configurations)} configurations, {len(m.file_entries())} distinct files, "
           f"widths {', '.join(sorted(m.graphs, key=float))}")
     t_store = median_ms(lambda: read_store(path, m), max(3, repeats // 3))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edge_sdk.errors import EdgeSdkError
 from edge_sdk.policy import Budget, Stage
 from edge_sdk.prediction import Draft, Prediction, draft, draft_batch, finish
 
@@ -94,6 +95,8 @@ class Executor:
         if n > 1 and self.manifest.batch_resizable and self._batchable.get(c.id, True):
             try:
                 interps, built = self._resident(c, n)
+            except EdgeSdkError:
+                raise  # a slice refused (e.g. materialised bytes off the manifest): not a resize
             except _RESIZE_ERRORS:
                 self._batchable[c.id] = False  # remember: this slice loops
                 for f in c.files:  # a failed resize leaves them unusable

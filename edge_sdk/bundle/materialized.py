@@ -220,6 +220,8 @@ class StoreSlices(SliceSource):
                 pending = self._pending[name] = _Pending()
         if not owner:
             pending.done.wait()
+            if isinstance(pending.error, BundleError):  # each waiter its own exception
+                raise BundleError(str(pending.error))
             if pending.error is not None:
                 raise pending.error
             return pending.data  # type: ignore[return-value]

@@ -184,6 +184,10 @@ def test_a_materialised_slice_not_matching_the_manifest_is_refused(bundle, fake)
             model.predict(_x(bundle), config_id=other.id)
     assert bad not in built and bad not in model._slices.resident()
     assert fakes.calls.count(bad) == 2
+    x2 = np.stack([_x(bundle)] * 2)
+    with pytest.raises(BundleError, match=rf"checksum mismatch for '{bad}'"):
+        model.predict_batch(x2, config_id=other.id)
+    assert model._batchable.get(other.id, True)  # a refused slice is not a failed resize
 
 
 def test_materialised_tensors_are_checked_too(bundle, fake, monkeypatch):
