@@ -165,12 +165,14 @@ class StoreEntry(FileEntry):
     _suffix = STORE_SUFFIX
 
 
-def file_entry(name: str, data: bytes | bytearray | memoryview, cls: type = FileEntry
+def file_entry(name: str, data: bytes | bytearray | memoryview, cls: type | None = None
                ) -> FileEntry:
-    """The :class:`FileEntry` (or ``cls``, e.g. :class:`StoreEntry`) for ``data`` stored under
-    ``name`` (computes sha256 and size)."""
+    """The :class:`FileEntry` (a ``*.bin`` name, or ``cls=StoreEntry``: the
+    :class:`StoreEntry`) for ``data`` stored under ``name`` (computes sha256 and size)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise BundleError(f"file_entry({name!r}): expected bytes, {got(data)}")
+    if cls is None:
+        cls = StoreEntry if isinstance(name, str) and name.endswith(STORE_SUFFIX) else FileEntry
     blob = bytes(data)
     return cls(name=name, sha256=hashlib.sha256(blob).hexdigest(), bytes=len(blob))
 
