@@ -6,7 +6,8 @@ whose input and output tensors are the ones the manifest promises (:func:`check_
 runtime then builds interpreters from these bytes (``model_content=``), never from the path
 again, so a file swapped after ``load()`` (or re-read after LRU eviction, or in a new thread)
 cannot run. Anything that builds an interpreter from bytes made elsewhere (e.g. slices
-materialised in memory) calls :func:`verify_bytes` and :func:`check_slice` on them the same way.
+materialised in memory, :mod:`edge_sdk.bundle.materialized`) calls :func:`verify_bytes` and
+:func:`check_slice` on them the same way.
 
 stdlib only (the ``.tflite`` reader is :mod:`edge_sdk.backends.tflite_model`).
 """
@@ -102,6 +103,10 @@ def read_slices(bundle_dir: PathLike, manifest: Manifest) -> dict[str, bytes]:
     """Every file of ``manifest`` in ``bundle_dir``, read once, verified (size, sha256) and
     checked against each configuration that lists it: file name -> immutable bytes."""
     root = Path(bundle_dir)
+    if getattr(manifest, "is_store", False):
+        raise BundleError(f"{root}: a store bundle (layout 'store'): its files are materialised "
+                          f"from {manifest.store.name}, not read (edge_sdk.bundle.materialized."
+                          f"open_slices, or edge-sdk materialize for a files bundle)")
     blobs: dict[str, bytes] = {}
     for entry in manifest.file_entries():
         data = _read_once(resolve_file(root, entry.name), entry, root)

@@ -179,3 +179,24 @@ def test_edge_sdk_materialize_round_trip(tiny, tmp_path, capsys):
         for seed in range(3):
             assert a.predict(_x(seed), config_id=c.id).probs == \
                 b.predict(_x(seed), config_id=c.id).probs
+
+
+def test_read_slices_refuses_a_store_bundle(tiny):
+    from edge_sdk.bundle import read_slices
+
+    with pytest.raises(BundleError, match="materialised from store.bin, not read"):
+        read_slices(tiny, read_manifest(tiny))
+
+
+def test_the_device_commands_run_on_a_store_bundle(tiny, tmp_path, capsys):
+    """edge-sdk run and profile on a store bundle: slices from the verified store only."""
+    from edge_sdk.profiles import measure_profile
+
+    x = tmp_path / "x.npy"
+    np.save(x, _x())
+    assert cli.main(["run", str(tiny), "--input", str(x), "--profile", "none", "--json"]) == 0
+    assert '"config_id"' in capsys.readouterr().out
+    prof, rows = measure_profile(tiny, [1], repeats=2)
+    m = read_manifest(tiny)
+    assert {r["config"] for r in rows} == {c.id for c in m.configurations}
+    assert all(r["measured_ms"] > 0 for r in rows)
