@@ -32,9 +32,15 @@ except ImportError:  # pragma: no cover - the tflite-runtime device venv
 
 def read_manifest(bundle: Path) -> dict:
     manifest = yaml.safe_load((bundle / "manifest.yaml").read_text())  # plain data, no tags
-    # version 2 adds batch_dim (batch resizing), which one sample at a time does not need
-    if manifest["schema_version"] not in (1, 2):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1, 2")
+    # version 2 adds batch_dim (batch resizing), which one sample at a time does not need;
+    # version 3 adds layout: a `files` bundle reads as version 2, a `store` bundle holds one
+    # weight store its slices are materialised from (edge_sdk's job: `edge-sdk materialize
+    # BUNDLE --out DIR` writes its files bundle)
+    if manifest["schema_version"] not in (1, 2, 3):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-3")
+    if manifest.get("layout", "files") != "files":
+        raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
+                         f"write them with `edge-sdk materialize {bundle} --out DIR`")
     return manifest
 
 

@@ -200,3 +200,24 @@ def test_the_device_commands_run_on_a_store_bundle(tiny, tmp_path, capsys):
     m = read_manifest(tiny)
     assert {r["config"] for r in rows} == {c.id for c in m.configurations}
     assert all(r["measured_ms"] > 0 for r in rows)
+
+
+def test_an_app_outside_python_reads_the_materialised_files(tiny, tmp_path):
+    """docs/predict_with_litert.py (plain LiteRT + YAML) refuses the store bundle, naming
+    edge-sdk materialize, and answers as predict does on the files bundle it writes."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "docs" / "predict_with_litert.py"
+    spec = importlib.util.spec_from_file_location("predict_with_litert", script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with pytest.raises(ValueError, match="edge-sdk materialize"):
+        example.predict(tiny, _x(), "w1.00-point")
+    out = tmp_path / "files"
+    assert cli.main(["materialize", str(tiny), "--out", str(out)]) == 0
+    model = edge_sdk.load(tiny, profile=None, memory_reader=lambda: PLENTY_MB)
+    for c in model.manifest.configurations:
+        got, want = example.predict(out, _x(), c.id), model.predict(_x(), config_id=c.id)
+        assert got["config_id"] == want.config_id and got["label"] == want.label
+        assert got["probs"] == pytest.approx(want.probs, abs=1e-5)
