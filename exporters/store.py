@@ -247,7 +247,7 @@ def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Se
             k = layer.out_channels if cut.out_keep is None else cut.out_keep
             entry = {"out": int(k), "in": None if cut.in_ranges is None else
                      [[int(a), int(b)] for a, b in cut.in_ranges], "fold": off,
-                     "in_scale": None}
+                     "sfold": None, "in_scale": None}
             if cut.in_scale is not None:
                 s = cut.in_scale.detach().cpu().numpy().astype(np.float32)
                 entry["in_scale"] = in_off
@@ -255,12 +255,32 @@ def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Se
                 in_off += s.size
             cuts[name] = entry
             off += k
-        fold = np.zeros((1 + samples, 2, off), np.float32)
-        for row, f in enumerate(folds):
-            for name, (a, t) in f.items():
-                o, k = cuts[name]["fold"], cuts[name]["out"]
-                fold[row, 0, o:o + k], fold[row, 1, o:o + k] = a, t
+        fold = np.zeros((2, off), np.float32)
+        for name, (a, t) in folds[0].items():
+            o, k = cuts[name]["fold"], cuts[name]["out"]
+            fold[0, o:o + k], fold[1, o:o + k] = a, t
         arrays[f"{wk}/fold"] = fold
+        # a sample's own fold only where it differs from the point network's (a layer with a
+        # batch norm; a layer without one folds its bias and keep probability, the same for
+        # every sample): the sample folds are most of the per-width bytes otherwise
+        own = [n for n in layers if any(
+            not (np.array_equal(f[n][0], folds[0][n][0]) and
+                 np.array_equal(f[n][1], folds[0][n][1])) for f in folds[1:])]
+        s_off = 0
+        for name in own:
+            cuts[name]["sfold"] = s_off
+            s_off += cuts[name]["out"]
+        if samples:
+            sfold = np.zeros((samples, 2, s_off), np.float32)
+            for row, f in enumerate(folds[1:]):
+                for name in own:
+                    o, k = cuts[name]["sfold"], cuts[name]["out"]
+                    sfold[row, 0, o:o + k], sfold[row, 1, o:o + k] = f[name]
+            # float16: a sample's batch norm is itself a draw (its statistics move far more
+            # between samples than float16's 2**-11 relative step), and the sample folds are
+            # the per-width bytes that grow with S (float32 where a value would overflow)
+            half = sfold.astype(np.float16)
+            arrays[f"{wk}/sfold"] = half if np.isfinite(half).all() else sfold
         if scales:
             arrays[f"{wk}/in_scale"] = np.concatenate(scales)
         index["widths"][wk] = {"width": float(w), "channels": int(off), "layers": cuts}

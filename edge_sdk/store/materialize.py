@@ -25,7 +25,8 @@ The store's index (``Store.index``, the schema this module reads; the exporter w
     widths:
       "0.50": {width: 0.5, channels: <sum of kept outputs>,
                layers: {<name>: {out: <kept outputs>, in: [[start, stop], ...] | null,
-                                 fold: <offset>, in_scale: <offset> | null}}}
+                                 fold: <offset>, sfold: <offset> | null,
+                                 in_scale: <offset> | null}}}
 
 Arrays (``<name>/...`` per layer, ``<width key>/...`` per width)::
 
@@ -39,8 +40,11 @@ Arrays (``<name>/...`` per layer, ``<width key>/...`` per width)::
     <name>/cat_count uint8           entries - 2 per uncertain weight, packed at count_bits
     <name>/cat_entry uint8           the entries' codebook indices, packed at `bits`
     <name>/cat_thr   uint16          cumulative thresholds, entries - 1 per uncertain weight
-    <wk>/fold        float32 [1 + S_max, 2, channels]   (a, t) per kept output channel:
-                                     row 0 the point network, row 1 + s sample s
+    <wk>/fold        float32 [2, channels]   the point network's (a, t) per kept output channel
+    <wk>/sfold       float16 [S_max, 2, n]   sample s's own (a, t) (float32 where float16
+                                     would overflow), for the layers whose fold
+                                     depends on the sample (a batch norm re-collected on its
+                                     weights; ``sfold`` null: the point fold serves every sample)
     <wk>/in_scale    float32 [n]     forward-folded input scales (trainer.nest ReLU6 producers)
 """
 from __future__ import annotations
@@ -240,13 +244,21 @@ class LayerRecord:
     effective: np.ndarray
 
 
-def _fold(store: Store, wk: str, cut: dict, row: int) -> tuple[np.ndarray, np.ndarray]:
-    fold = np.asarray(store.array(f"{wk}/fold"), np.float32)
+def _fold(store: Store, wk: str, cut: dict, sample: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(a, t) of one layer at width ``wk``: the point network's, or sample ``sample``'s own
+    (``sfold``; a layer without one folds the same for every sample)."""
     off, k = int(cut["fold"]), int(cut["out"])
-    if fold.ndim != 3 or row >= fold.shape[0] or off + k > fold.shape[2]:
-        raise _bad(f"width {wk}: no fold row {row} for channels [{off}, {off + k}) in "
-                   f"{list(fold.shape)}")
-    return fold[row, 0, off:off + k], fold[row, 1, off:off + k]
+    name, row = f"{wk}/fold", None
+    if sample is not None and cut.get("sfold") is not None:
+        name, off, row = f"{wk}/sfold", int(cut["sfold"]), int(sample)
+    fold = np.asarray(store.array(name), np.float32)
+    want = 2 if row is None else 3
+    if fold.ndim != want or (row is not None and row >= fold.shape[0]) or \
+            off + k > fold.shape[-1]:
+        raise _bad(f"{name}: no fold{'' if row is None else f' for sample {row}'} of channels "
+                   f"[{off}, {off + k}) in {list(fold.shape)}")
+    f = fold if row is None else fold[row]
+    return f[0, off:off + k], f[1, off:off + k]
 
 
 def _layer_weights(store: Store, name: str, wk: str, cut: dict, sample: int | None,
@@ -255,7 +267,7 @@ def _layer_weights(store: Store, name: str, wk: str, cut: dict, sample: int | No
     L = _layer(store, name)
     kind, out = L["kind"], int(cut["out"])
     spatial = int(np.prod(L.get("flat_hw") or [1, 1]))
-    a, t = _fold(store, wk, cut, 0 if sample is None else 1 + int(sample))
+    a, t = _fold(store, wk, cut, sample)
     w = decode_point(store, name, out) if sample is None else sample_weights(store, name,
                                                                              sample, out)
     w = _cut_inputs(w, kind, cut.get("in"), spatial)
@@ -390,7 +402,7 @@ def _stacked_heads(store: Store, name: str, wk: str, cut: dict, heads: int, rout
     L = _layer(store, name)
     kind = L["kind"]
     spatial = int(np.prod(L.get("flat_hw") or [1, 1]))
-    a, t = _fold(store, wk, cut, 0)
+    a, t = _fold(store, wk, cut, None)
     rows = []
     for s in range(heads):
         w = _cut_inputs(sample_weights(store, name, s, int(cut["out"])), kind, cut.get("in"),

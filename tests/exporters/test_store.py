@@ -201,7 +201,7 @@ def test_pwfn_point_slice_is_codebook_value_times_fold_scale_exactly(stores):
             value = decode_point(build.store, r.layer)[:cut["out"]]
             if L["kind"] != "depthwise":
                 value = value[:, _cols(cut, L["shape"], spatial)]
-            a = fold[0, 0, cut["fold"]:cut["fold"] + cut["out"]]
+            a = fold[0, cut["fold"]:cut["fold"] + cut["out"]]
             want = value * a.reshape((-1,) + (1,) * (value.ndim - 1))
             assert np.array_equal(r.effective, want), (wk, r.layer)  # float32, bit for bit
             if L["route"] == "int8":

@@ -24,6 +24,7 @@ from edge_sdk.store.materialize import (STORE_INDEX_VERSION, decode_point, mater
                                         materialize_file, materialize_graph, sample_weights)
 
 S_MAX = 3
+OWN_FOLD = ("c1", "dw")  # layers whose samples have their own fold (sfold)
 RNG = np.random.default_rng(21)
 # layer -> (kind, torch shape); input [1, 4, 4, 2]
 LAYERS = {"c1": ("conv", (8, 2, 3, 3)), "dw": ("depthwise", (8, 1, 3, 3)),
@@ -141,7 +142,20 @@ def _build() -> tuple[Store, dict]:
         fold = np.stack([RNG.uniform(0.5, 2.0, (2, off)) for _ in range(1 + S_MAX)]
                         ).astype(np.float32)
         fold[:, 0, 1] *= -1  # a negative fold scale: its sign goes into the int8 codes
-        arrays[f"{wk}/fold"] = fold
+        arrays[f"{wk}/fold"] = fold[0]
+        # samples fold c1 and dw their own way (batch norms); fc and classifier as the point
+        s_off, parts = 0, []
+        for name in OWN_FOLD:
+            lc[name]["sfold"] = s_off
+            o, k = lc[name]["fold"], lc[name]["out"]
+            parts.append(fold[1:, :, o:o + k])
+            s_off += k
+        for name in lc:
+            lc[name].setdefault("sfold", None)
+            if name not in OWN_FOLD:  # what the truth says a sample of it folds with
+                o, k = lc[name]["fold"], lc[name]["out"]
+                fold[1:, :, o:o + k] = fold[0, :, o:o + k]
+        arrays[f"{wk}/sfold"] = np.concatenate(parts, axis=2)
         if scales:
             arrays[f"{wk}/in_scale"] = np.concatenate(scales)
         truth["fold"][wk] = fold
@@ -310,6 +324,9 @@ def test_a_sample_uses_its_own_fold():
     assert np.abs(r.effective - want).max() <= np.abs(want).max() / 254 + 1e-7
     _, b, _ = materialize_graph(STORE, GRAPHS[wk], wk, sample=1)
     assert np.array_equal(b["c1/bias"], _fold(wk, "c1", 2)[1])
+    # a layer without a sample fold (no batch norm) folds as the point network
+    assert np.array_equal(b["classifier/bias"], _fold(wk, "classifier", 0)[1])
+    assert not np.array_equal(_fold(wk, "c1", 0)[1], _fold(wk, "c1", 2)[1])
 
 
 # ------------------------------------------------------------------------------ refusals
