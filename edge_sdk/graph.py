@@ -121,22 +121,36 @@ class Graph:
         raise ConfigError(f"graph has no tensor {name!r}")
 
     # ---- serialisation -------------------------------------------------------------------
-    def to_dict(self) -> dict:
-        """JSON/YAML-ready: lists, strings, numbers and None only."""
+    def to_dict(self, compact: bool = False) -> dict:
+        """JSON/YAML-ready: lists, strings, numbers and None only. ``compact`` leaves out what
+        :meth:`from_dict` defaults (a float32 dtype, empty options, the default signature,
+        description and batch dimension): a store bundle's manifest holds one per width."""
         def tensor(t: Tensor) -> dict:
-            d = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+            d = {"name": t.name, "shape": list(t.shape)}
+            if not compact or t.dtype != "float32":
+                d["dtype"] = t.dtype
             if t.weight is not None:
                 d["weight"] = t.weight
             if t.quant is not None:  # float32 -> Python float -> float32 is exact
                 d["quant"] = {"scale": [float(s) for s in t.quant.scale], "axis": t.quant.axis}
             return d
 
-        return {"version": self.version, "signature": self.signature,
-                "description": self.description, "batch_dim": self.batch_dim,
-                "inputs": list(self.inputs), "outputs": list(self.outputs),
-                "tensors": [tensor(t) for t in self.tensors],
-                "ops": [{"op": o.op, "inputs": list(o.inputs), "outputs": list(o.outputs),
-                         "options": _plain(o.options)} for o in self.ops]}
+        def op(o: Op) -> dict:
+            d = {"op": o.op, "inputs": list(o.inputs), "outputs": list(o.outputs)}
+            if not compact or o.options:
+                d["options"] = _plain(o.options)
+            return d
+
+        out = {"version": self.version, "signature": self.signature,
+               "description": self.description, "batch_dim": self.batch_dim,
+               "inputs": list(self.inputs), "outputs": list(self.outputs),
+               "tensors": [tensor(t) for t in self.tensors], "ops": [op(o) for o in self.ops]}
+        if compact:
+            for key, default in (("signature", "serving_default"), ("description", "edge-sdk"),
+                                 ("batch_dim", 0)):
+                if out[key] == default:
+                    del out[key]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Graph":

@@ -234,7 +234,8 @@ def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Se
         folds = [_folds(point, layers)] + [
             _folds(make_slice(dev_model, w, calib, d, device), layers) for d in draws]
         graph, _, records = lower_point_slice(point, input_shape, "float")
-        graphs[wk] = graph.to_dict()
+        graph.description = "edge-sdk"  # from_dict's default: one key less per width
+        graphs[wk] = graph.to_dict(compact=True)
         for r in records:
             if r["kind"] == "linear":
                 hw = r["flat_hw"]
