@@ -139,6 +139,22 @@ def bench_bundle(path: str, repeats: int) -> None:
           f"{statistics.median(sdk) * 1e3:.1f} us, p99 {np.percentile(sdk, 99) * 1e3:.1f} us "
           f"(goal p99 <= 500 us); whole call median {statistics.median(wall):.3f} ms")
 
+    # the same switch decided by the policy over every candidate: a budget only the narrow
+    # point slice meets, then one the wide point slice meets (everything resident: warmed)
+    fast = model.policy.predicted_latency_ms(a)
+    wide = model.policy.predicted_latency_ms(b)
+    tight, roomy = edge_sdk.Budget(latency_ms=fast * 1.05), edge_sdk.Budget(latency_ms=wide * 1.5)
+    for budget in (tight, roomy):
+        model.warm_up(budget)
+    sdk, chosen = [], set()
+    for k in range(max(200, repeats * 20)):
+        p = model.predict(x, tight if k % 2 else roomy)
+        sdk.append(p.latency_ms - p.invoke_ms)
+        chosen.add(p.config_id)
+    print(f"policy switch over {len(m.configurations)} candidates (budgets {fast * 1.05:.2f} / "
+          f"{wide * 1.5:.2f} ms, chose {', '.join(sorted(chosen))}): SDK time median "
+          f"{statistics.median(sdk) * 1e3:.1f} us, p99 {np.percentile(sdk, 99) * 1e3:.1f} us")
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

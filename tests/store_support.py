@@ -8,9 +8,9 @@ a cross-version check (tests/edge_sdk/test_store_materialize.py pins it).
 The network: input ``[1, 6, 6, 1]`` -> CONV_2D 3x3 SAME (8 channels at full width, ReLU) ->
 MEAN over H, W -> FULLY_CONNECTED to 3 classes (the classifier, ``fc``); widths 0.5 (4
 channels) and 1.0. Both layers Gaussian (mu + sigma * eps): ``conv1`` stored as int8 codes,
-``fc`` as a 3-bit codebook exact on a power-of-two step (PWFN-like); one fold (a, t) per width
-for the point network and for each of ``S_MAX`` samples, one negative ``a`` (the sign flip of
-docs/store.md §3.2). Configurations per width: point, head 1 .. S_MAX, all 1 .. S_MAX (the
+``fc`` as a 3-bit codebook exact on a power-of-two step (PWFN-like); per width the point
+network's fold (a, t) and, for ``conv1`` only, one (float16) per sample (``fc`` folds the same
+for every sample), one negative ``a`` (the sign flip of docs/store.md §3.2). Configurations per width: point, head 1 .. S_MAX, all 1 .. S_MAX (the
 exporter's S = 1 .. S_max candidates; all S lists sample files s0 .. s(S-1)).
 
     python tests/store_support.py OUT_DIR     # write the bundle (and print its file hashes)
@@ -72,16 +72,21 @@ def store_arrays() -> tuple[dict, dict[str, np.ndarray]]:
     widths = {}
     for wk, ch in WIDTHS.items():
         channels = ch + CLASSES
-        fold = np.zeros((1 + S_MAX, 2, channels), np.float32)
-        for row in range(1 + S_MAX):
-            a = (1 + _ints(channels, 0, 40, 10 + row).astype(np.float32) / 40)
+
+        def fold(n: int, row: int) -> np.ndarray:  # (a, t) of n channels
+            a = (1 + _ints(n, 0, 40, 10 + row).astype(np.float32) / 40)
             a[1] = -a[1]  # a negative BN scale: the int8 codes' sign flips
-            fold[row, 0] = a
-            fold[row, 1] = _ints(channels, -20, 20, 20 + row).astype(np.float32) / 64
-        arrays[f"{wk}/fold"] = fold
+            return np.stack([a, _ints(n, -20, 20, 20 + row).astype(np.float32) / 64])
+
+        arrays[f"{wk}/fold"] = fold(channels, 0)  # the point network's, every layer
+        # conv1's batch norm re-collected per sample (its own fold, float16); fc folds the
+        # same for every sample (sfold null: the point fold)
+        arrays[f"{wk}/sfold"] = np.stack([fold(ch, 1 + s) for s in range(S_MAX)]) \
+            .astype(np.float16)
         widths[wk] = {"width": float(wk), "channels": channels, "layers": {
-            "conv1": {"out": ch, "in": None, "fold": 0, "in_scale": None},
-            "fc": {"out": CLASSES, "in": [[0, ch]], "fold": ch, "in_scale": None}}}
+            "conv1": {"out": ch, "in": None, "fold": 0, "sfold": 0, "in_scale": None},
+            "fc": {"out": CLASSES, "in": [[0, ch]], "fold": ch, "sfold": None,
+                   "in_scale": None}}}
     index = {"version": STORE_INDEX_VERSION, "sampler": SAMPLER, "posterior": "gaussian",
              "seed": SEED, "weights": "dequantize", "classifier": "fc", "samples": S_MAX,
              "layers": layers, "widths": widths}

@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,7 @@ def unrunnable_bytes(data: bytes, name: str, backend: str) -> list[str]:
     return found
 
 
-def check_parses(interp_cls: Any, blobs: dict[str, bytes]) -> None:
+def check_parses(interp_cls: Any, blobs: Mapping[str, bytes]) -> None:
     """Build (without allocating) an interpreter of ``interp_cls`` (from
     :func:`interpreter_class`) from every slice, so a model the backend's flatbuffer verifier or
     op resolver refuses fails at ``load()`` as a BackendError naming the file, not at the first
@@ -224,7 +224,7 @@ def check_parses(interp_cls: Any, blobs: dict[str, bytes]) -> None:
 
 
 def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
-                 blobs: dict[str, bytes] | None = None, interp_cls: Any = None,
+                 blobs: Mapping[str, bytes] | None = None, interp_cls: Any = None,
                  stand_ins: dict[str, str] | None = None) -> None:
     """Refuse (BackendError) a bundle holding a configuration ``backend`` would answer wrongly,
     naming the configurations and what to do instead. ``blobs`` (name -> verified bytes, from
@@ -233,6 +233,17 @@ def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
     (file name -> a name in ``blobs``): a store bundle checks one materialised slice per
     distinct graph, which stands for the files that differ from it only in weight values
     (:mod:`edge_sdk.bundle.materialized`)."""
+    if stand_ins is not None and blobs is not None and interp_cls is not None:
+        # one pass, each checked slice looked up once (a store bundle materialises it on
+        # lookup, under its memory cap): its known-wrong rules, then (if none) its parse
+        known: dict[str, list[str]] = {}
+        for name, data in blobs.items():
+            known[name] = unrunnable_bytes(data, name, backend)
+            if known[name]:
+                break  # named below with the configurations standing on it
+            interp_cls(model_content=data, num_threads=1, model_name=name)
+        _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins, known)
+        return
     _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins)
     if blobs is not None and interp_cls is not None:
         # after the known-wrong rules: their message says more than the op resolver's
@@ -240,25 +251,29 @@ def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
 
 
 def _check_known_wrong(bundle_dir: str | Path, manifest: Any, backend: str,
-                       blobs: dict[str, bytes] | None,
-                       stand_ins: dict[str, str] | None = None) -> None:
+                       blobs: Mapping[str, bytes] | None,
+                       stand_ins: dict[str, str] | None = None,
+                       known: dict[str, list[str]] | None = None) -> None:
+    """``known``: reasons already found per checked name (a name missing from it: none)."""
     if not any(b == backend for b, _, _ in KNOWN_WRONG):
         return
     from edge_sdk.bundle import resolve_file
 
     def reasons_for(name: str) -> list[str]:
+        if known is not None:
+            return known.get(name, [])
         if blobs is None:
             return unrunnable(resolve_file(bundle_dir, name), backend)
-        name = name if stand_ins is None else stand_ins.get(name, name)
         return unrunnable_bytes(blobs[name], name, backend)
 
     bad: dict[str, list[str]] = {}
-    reasons: dict[str, list[str]] = {}
+    reasons: dict[str, list[str]] = {}  # by the name of the bytes inspected: each looked up once
     for c in manifest.configurations:
         for f in c.files:
-            if f.name not in reasons:
-                reasons[f.name] = reasons_for(f.name)
-            for why in reasons[f.name]:
+            name = f.name if stand_ins is None else stand_ins.get(f.name, f.name)
+            if name not in reasons:
+                reasons[name] = reasons_for(name)
+            for why in reasons[name]:
                 bad.setdefault(why, [])
                 if c.id not in bad[why]:
                     bad[why].append(c.id)

@@ -65,9 +65,9 @@ class SliceSource:
     def names(self) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def load_check(self) -> tuple[dict[str, bytes], dict[str, str]]:
+    def load_check(self) -> tuple[Mapping[str, bytes], dict[str, str] | None]:
         """(name -> verified bytes the backend must parse at ``load()``, file name -> the name
-        of the checked file that stands in for it)."""
+        of the checked file that stands in for it, or None: every file is checked itself)."""
         raise NotImplementedError
 
     def resident(self) -> tuple[str, ...]:
@@ -96,8 +96,10 @@ class FileSlices(SliceSource):
     def names(self) -> tuple[str, ...]:
         return tuple(self._blobs)
 
-    def load_check(self) -> tuple[dict[str, bytes], dict[str, str]]:
-        return dict(self._blobs), {n: n for n in self._blobs}
+    def load_check(self) -> tuple[dict[str, bytes], None]:
+        """Every file (already in memory): the known-wrong rules on all of them before any
+        interpreter is built, then every parse (``check_bundle`` without stand-ins)."""
+        return dict(self._blobs), None
 
 
 def read_store(bundle_dir: PathLike, manifest: Manifest) -> Any:
@@ -278,9 +280,30 @@ class StoreSlices(SliceSource):
             _, old = self._cache.popitem(last=False)
             total -= len(old)
 
-    def load_check(self) -> tuple[dict[str, bytes], dict[str, str]]:
-        reps = dict.fromkeys(self._stand_ins.values())
-        return {n: self[n] for n in reps}, dict(self._stand_ins)
+    def load_check(self) -> tuple[Mapping[str, bytes], dict[str, str]]:
+        """The representatives as a lazy mapping: each materialised and verified when first
+        looked up, held by the LRU cache only, so checking them at ``load()`` never holds more
+        than ``cap_bytes`` (and the one being checked) at once."""
+        return _Lazy(self, tuple(dict.fromkeys(self._stand_ins.values()))), \
+            dict(self._stand_ins)
+
+
+class _Lazy(Mapping):
+    """``names`` -> ``source[name]``, looked up on access (nothing held here)."""
+
+    def __init__(self, source: StoreSlices, names: tuple[str, ...]):
+        self._source, self._names = source, names
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._source[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def open_slices(bundle_dir: PathLike, manifest: Manifest,

@@ -28,9 +28,9 @@ PLENTY_MB = 1e9
 # numpy-version-independent by construction (integer sampler, float32 elementwise arithmetic):
 # the same on numpy 1.26 + tflite-runtime 2.14 and on numpy 2.x + LiteRT
 PINNED = {
-    "store.bin": "21a19b42a2762b79eb07c249fc67a248e6e319257a7be1add88517ca513e129e",
+    "store.bin": "816ec274d4248ad4dec65ff05c154a06518ebfa2bd180caef78cbd94dd98f991",
     "w1.00-point.tflite": "e3278be9d342b63397874a1886d3cbf979044493d9a45d3ebf8306e6dc3af091",
-    "w1.00-s1.tflite": "514bc14c142df66460010febc5460e4cd5fbf02af63baf268b981971980e27b1",
+    "w1.00-s1.tflite": "72885b69974f0c02d2bebf420f498e61ef1bef86e7adaa5f81944a58dc622bb8",
     "w0.50-head3.tflite": "baa1a5735b9929b4559cec8e00854c8a23733557d274231fcf20189be77a0de2",
 }
 
@@ -109,6 +109,16 @@ def test_a_flipped_bit_in_the_store_is_refused_at_load(tiny, tmp_path):
         (bad / "store.bin").write_bytes(bytes(flipped))
         with pytest.raises(BundleError, match=r"checksum mismatch for 'store.bin'"):
             edge_sdk.load(bad, profile=None)
+
+
+def test_load_holds_no_more_materialised_bytes_than_the_cap(tiny):
+    """The representatives are checked one at a time through the capped cache."""
+    m = read_manifest(tiny)
+    cap_mb = 1.05 * 4 * min(e.bytes for e in m.file_entries()) / 2 ** 20
+    model = edge_sdk.load(tiny, profile=None, memory_reader=lambda: PLENTY_MB,
+                          memory_cap_mb=cap_mb)
+    assert model._slices.materialized == 3 * len(WIDTHS)  # each representative checked
+    assert 0 < model._slices.resident_bytes() <= cap_mb * 2 ** 20
 
 
 def test_another_sample_than_the_manifest_lists_is_refused(tiny, monkeypatch):

@@ -372,3 +372,42 @@ def test_earlier_schema_versions_still_load(bundle, tmp_path):
     assert old.manifest.schema_version == 2 and old._slices.layout == "files"
     for c in new.manifest.configurations:
         assert old.predict(x, config_id=c.id).probs == new.predict(x, config_id=c.id).probs
+
+
+def test_load_checks_each_representative_once_and_known_wrong_names_who_stands_on_it():
+    """check_bundle(stand_ins=...) looks each checked slice up once (a store bundle
+    materialises it on lookup): its known-wrong rules, then its parse; a representative the
+    backend would answer wrongly is named with every configuration standing on it."""
+    from types import SimpleNamespace
+
+    from edge_sdk.backends import BackendError, check_bundle
+
+    data_dir = Path(__file__).resolve().parent / "data"
+    hybrid = (data_dir / "hybrid_fc_v3.tflite").read_bytes()  # tflite-runtime computes it wrongly
+    clean = (data_dir / "hybrid_fc_v12.tflite").read_bytes()
+    looked, parsed = [], []
+
+    class Lazy(dict):
+        def __getitem__(self, name):
+            looked.append(name)
+            return super().__getitem__(name)
+
+        def items(self):
+            return ((k, self[k]) for k in self)
+
+    def f(name):
+        return SimpleNamespace(name=name)
+
+    manifest = SimpleNamespace(configurations=[
+        SimpleNamespace(id="w1-all1", files=[f("s0")]),
+        SimpleNamespace(id="w1-all2", files=[f("s0"), f("s1")]),
+        SimpleNamespace(id="w1-point", files=[f("p")])])
+    stand = {"s0": "s0", "s1": "s0", "p": "p"}
+    interp = lambda **kw: parsed.append(kw["model_name"])  # noqa: E731
+
+    check_bundle("b", manifest, "litert", Lazy(s0=hybrid, p=clean), interp, stand)
+    assert sorted(looked) == ["p", "s0"] and sorted(parsed) == ["p", "s0"]
+    looked.clear(), parsed.clear()
+    with pytest.raises(BackendError, match=r"w1-all1, w1-all2 correctly"):
+        check_bundle("b", manifest, "tflite-runtime", Lazy(s0=hybrid, p=clean), interp, stand)
+    assert looked == ["s0"] and parsed == []  # refused before its parse (and before p's)
