@@ -378,6 +378,9 @@ class EdgeModel(Executor):
             for f in files:
                 cache.move_to_end(f.name)
             entries = tuple(cache[f.name] for f in files)
+        if not spent and c.id not in self.policy.first_use_ms:
+            with self._lock:  # first used on files another configuration built: free
+                self.policy.first_use_ms.setdefault(c.id, 0.0)
         if any(e[1] != n for e in entries):
             t0 = self._clock()
             for e in entries:

@@ -411,3 +411,17 @@ def test_load_checks_each_representative_once_and_known_wrong_names_who_stands_o
     with pytest.raises(BackendError, match=r"w1-all1, w1-all2 correctly"):
         check_bundle("b", manifest, "tflite-runtime", Lazy(s0=hybrid, p=clean), interp, stand)
     assert looked == ["s0"] and parsed == []  # refused before its parse (and before p's)
+
+
+def test_a_configuration_on_resident_files_has_no_first_use_cost(bundle, fake):
+    path, _ = fake
+    model = edge_sdk.load(path, profile=None, memory_reader=lambda: PLENTY_MB)
+    two = next(c for c in model.manifest.configurations if c.scope == "all" and c.samples == 2)
+    one = model.manifest.configuration(two.id.rsplit("-", 1)[0] + "-all1")
+    x = _x(bundle)
+    model.predict(x, config_id=two.id)
+    assert model.first_use_ms[two.id] > 0 and one.id not in model.first_use_ms
+    model.predict(x, config_id=one.id)
+    assert model.first_use_ms[one.id] == 0.0  # its file was resident: nothing built
+    row = next(r for r in model.explain().rows if r.config_id == one.id)
+    assert row.first_use_ms == 0.0
