@@ -151,6 +151,15 @@ def bench_bundle(path: str, repeats: int) -> None:
         p = model.predict(x, tight if k % 2 else roomy)
         sdk.append(p.latency_ms - p.invoke_ms)
         chosen.add(p.config_id)
+    plan = []
+    nothing = edge_sdk.Budget(latency_ms=1e-6)  # nothing fits: every candidate is looked at
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        model.policy.preview(nothing)
+        plan.append((time.perf_counter() - t0) * 1e6)
+    print(f"the policy's decision over all {len(m.configurations)} candidates when none fits "
+          f"(its worst case): median {statistics.median(plan):.1f} us, p99 "
+          f"{np.percentile(plan, 99):.1f} us")
     print(f"policy switch over {len(m.configurations)} candidates (budgets {fast * 1.05:.2f} / "
           f"{wide * 1.5:.2f} ms, chose {', '.join(sorted(chosen))}): SDK time median "
           f"{statistics.median(sdk) * 1e3:.1f} us, p99 {np.percentile(sdk, 99) * 1e3:.1f} us")

@@ -200,6 +200,12 @@ class Policy:
             return c.memory_mb
         return sum(f.bytes for f in c.files) * 4 / 2 ** 20  # DEQUANTIZE keeps an fp32 copy
 
+    def _need_mb(self, c: Configuration) -> float:
+        """:meth:`memory_need_mb`, computed once per configuration (decide() runs every call,
+        over every candidate: 68 for 4 widths x S = 1 .. 8)."""
+        need = self._need.get(c.id)
+        return self.memory_need_mb(c) if need is None else need
+
     def observe(self, config_id: str, latency_ms: float, n: int = 1) -> None:
         """Fold a measured end-to-end latency (of ``n`` samples) into the configuration's EWMA.
         The older the previous estimate, the more the new measurement counts."""
@@ -295,14 +301,14 @@ class Policy:
                 f"{pool.index(chosen) + 1} of {len(pool)})")
         in_memory = [c for c in pool if self._mem_ok(c, limit)]
         if in_memory:  # only the latency budget is out of reach: the fastest that fits memory
-            cheapest = min(in_memory, key=lambda c: (pred(c), self.memory_need_mb(c),
+            cheapest = min(in_memory, key=lambda c: (pred(c), self._need_mb(c),
                                                      c.invokes))
             return cheapest, False, lambda: (
                 f"no configuration fits latency {latency:g} ms end-to-end"
                 + (f" for a batch of {n}" if n > 1 else "")
                 + f" within the memory limit of {limit:.4g} MB; the fastest, {cheapest.id}, is "
                 f"predicted at {pred(cheapest):.4g} ms ({pred(cheapest) - latency:.4g} ms over)")
-        small = min(pool, key=lambda c: (self.memory_need_mb(c), pred(c), c.invokes))
+        small = min(pool, key=lambda c: (self._need_mb(c), pred(c), c.invokes))
         need = self.memory_need_mb(small)
         return small, False, lambda: (
             f"no configuration fits the memory limit of {limit:.4g} MB (memory budget "
