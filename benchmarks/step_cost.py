@@ -7,7 +7,8 @@ repeats, on random data of the config's input shape:
   plain      the config's graph from stock layers, one pass (the deterministic baseline)
   US-Nets    the same graph slimmable: max + min + 2 random widths, in-place distillation
   ours ...   the nested model through trainer.regime.train_step: one Downhill pass or the
-             sandwich rule (full + Downhill + the narrowest served width), with posterior means
+             sandwich rule (full + Downhill or a uniform middle width + the narrowest served
+             width), with posterior means
              (deterministic: what training runs with bayes.noise_start 1) or weight noise
              (local reparameterisation: what PWFN's fine-tuning runs)
 
@@ -70,25 +71,29 @@ def main() -> None:
             (-(soft * torch.log_softmax(slim(x), -1)).sum(1).mean()).backward()
         BM.set_width(slim, 1.0)
 
-    def ours(sandwich: bool, noise: bool):
+    def ours(sandwich: bool, noise: bool, sampled: str = "downhill"):
         def step():
             nested.train()
             train_step(nested, nested, x, y, mask_coupling="layer", sandwich=sandwich,
                        distill=True, noise=noise, regularizer=lambda: torch.zeros(()),
-                       min_width=narrowest)
+                       min_width=narrowest, sampled_width=sampled)
         return step
 
     rows = {"plain (one pass)": plain_step, "US-Nets (4 passes)": slim_step,
             "ours, Downhill pass, means": ours(False, False),
             "ours, Downhill pass, noise": ours(False, True),
             "ours, sandwich, means (training)": ours(True, False),
-            "ours, sandwich, noise (PWFN fine-tuning)": ours(True, True)}
+            "ours, sandwich, noise": ours(True, True),
+            # train.sampled_width uniform (the shipped recipe): the middle pass runs one
+            # fixed width, so it computes only that width's channels
+            "ours, sandwich + uniform, means (training)": ours(True, False, "uniform"),
+            "ours, sandwich + uniform, noise (PWFN fine-tuning)": ours(True, True, "uniform")}
     cost = {name: median_ms(fn, args.repeats, warmup=1) / 1e3 for name, fn in rows.items()}
     print(f"{cfg.model.name} width_mult {args.width_mult}, batch {args.batch_size}, "
           f"{args.threads} threads, median of {args.repeats}")
     base = cost["plain (one pass)"]
     for name, s in cost.items():
-        print(f"{name:<42}{1000 * s:>9.0f} ms/step{s / base:>7.2f}x plain")
+        print(f"{name:<52}{1000 * s:>9.0f} ms/step{s / base:>7.2f}x plain")
 
 
 if __name__ == "__main__":
