@@ -14,8 +14,12 @@ needs ``ceil(log2 K)`` bits, so a 16-entry codebook costs 4 bits a weight instea
 ``bits = 0`` (K = 1: every weight is the one codebook value) stores no bytes at all.
 
 Everything is vectorised numpy (whole-array bit planes, ``packbits`` and one gather per
-value; Python loops only over the <= 32 bit positions): 2.4 M indices at 4 bits unpack in
-~25 ms and pack in ~10 ms on this 2-core x86 workstation (numpy 2.4).
+value; Python loops only over the <= 32 bit positions). Unpacking has fast paths for the
+widths that split bytes evenly: 8, 16 and 32 bits are the integers themselves, 1 bit is
+``unpackbits``, 2 and 4 bits one strided pass per value position of a byte (4: the nibble
+split). 2.4 M indices unpack in ~0.7 ms at 4 bits (2 bits the same, 1 bit ~0.2 ms) against
+~25 ms for the general gather the other widths use; packing takes ~10 ms at 4 bits (2-core x86
+workstation, numpy 2.4).
 """
 from __future__ import annotations
 
@@ -108,8 +112,34 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> n
                           f"must be zero (the canonical encoding), got non-zero")
     if bits in (8, 16, 32):  # whole bytes: the stream is the little-endian integers themselves
         return raw.view(f"<u{bits // 8}").astype(dtype)
-    # value i starts at bit i*bits: gather the 4 (5 past 25 bits) bytes from its first byte
-    # into one integer, shift and mask; the zero tail keeps the last gathers in bounds
+    if bits == 1:
+        return np.unpackbits(raw, count=count, bitorder="little").astype(dtype)
+    if bits in (2, 4):
+        return _unpack_sub_byte(raw, bits, count)
+    return _unpack_gather(raw, bits, count, dtype)
+
+
+def _unpack_sub_byte(raw: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """``bits`` in (2, 4): each byte holds ``8 // bits`` whole values, value ``k`` of byte ``b``
+    being ``(b >> k * bits) & mask``: one strided pass per value position, straight into the
+    uint16 result (4 bits: the nibble split ``b & 15``, ``b >> 4``; 2.4 M indices in ~1 ms
+    against ~25 ms for the gather)."""
+    per = 8 // bits
+    mask = np.uint8((1 << bits) - 1)
+    out = np.empty(raw.size * per, dtype=np.uint16)
+    tmp = np.empty_like(raw) if per > 2 else None
+    np.bitwise_and(raw, mask, out=out[0::per], casting="unsafe")
+    for k in range(1, per - 1):
+        np.right_shift(raw, k * bits, out=tmp)
+        np.bitwise_and(tmp, mask, out=out[k::per], casting="unsafe")
+    np.right_shift(raw, (per - 1) * bits, out=out[per - 1::per], casting="unsafe")  # top bits
+    return out[:count]
+
+
+def _unpack_gather(raw: np.ndarray, bits: int, count: int, dtype) -> np.ndarray:
+    """Any width: value i starts at bit i*bits, so gather the 4 (5 past 25 bits) bytes from its
+    first byte into one integer, shift and mask; the zero tail keeps the last gathers in
+    bounds."""
     wt = np.uint64 if bits > 25 else np.uint32
     span = 5 if bits > 25 else 4
     padded = np.zeros(raw.size + span, dtype=np.uint8)
@@ -122,6 +152,7 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> n
     value >>= (pos & 7).astype(wt)
     value &= wt((1 << bits) - 1)
     return value.astype(dtype)
+
 
 def pack_mask(mask: np.ndarray) -> bytes:
     """A non-zero mask (``mask != 0``, C order) at one bit per element (SQS's exact sparsity)."""

@@ -107,3 +107,31 @@ def test_round_trip_property(case):
     buf = pack_bits(idx, bits)
     assert len(buf) == (len(values) * bits + 7) // 8
     np.testing.assert_array_equal(unpack_bits(buf, bits, len(values)).astype(np.uint64), idx)
+
+
+def _reference_unpack(buf: bytes, bits: int, count: int) -> list[int]:
+    """The stream format read bit by bit in pure Python (independent of numpy)."""
+    stream = int.from_bytes(buf, "little")
+    return [(stream >> (i * bits)) & ((1 << bits) - 1) for i in range(count)]
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 7, 8, 12, 16, 17, 26, 32])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 333])
+def test_unpack_matches_a_bit_by_bit_reader(bits, count):
+    # every width, the fast paths (1, 2, 4, 8, 16, 32 bits) and the general gather alike, at
+    # counts that end mid-byte
+    idx = np.random.default_rng(bits * 1000 + count).integers(0, 1 << bits, size=count,
+                                                              dtype=np.uint64)
+    idx[-1] = (1 << bits) - 1
+    buf = pack_bits(idx, bits)
+    out = unpack_bits(buf, bits, count)
+    assert out.dtype == (np.uint16 if bits <= 16 else np.uint32) and out.shape == (count,)
+    assert out.tolist() == _reference_unpack(buf, bits, count) == idx.tolist()
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_fast_paths_refuse_non_zero_padding(bits):
+    buf = bytearray(pack_bits(np.zeros(3, dtype=np.uint8), bits))  # 3 values: padding left
+    buf[-1] |= 0x80
+    with pytest.raises(BundleError, match="padding bits"):
+        unpack_bits(bytes(buf), bits, 3)
