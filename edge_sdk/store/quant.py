@@ -67,19 +67,27 @@ def quantize_per_channel(w: np.ndarray, axis: int, pow2_step: bool = False,
     if w.ndim == 0 or not -w.ndim <= axis < w.ndim:
         raise ConfigError(f"axis {axis} is out of range for a weight of shape {w.shape}")
     axis %= w.ndim
-    if not np.isfinite(w).all():
+    # a float32 weight (what materialisation passes) is checked through amax below instead (a
+    # max propagates NaN and inf): one pass over the weight fewer, the same refusals
+    if w.dtype != np.float32 and not np.isfinite(w).all():
         raise ConfigError("cannot quantize a weight with non-finite values")
     channels = w.shape[axis]
-    w32 = w.astype(np.float32)
-    amax = np.abs(np.moveaxis(w32, axis, 0).reshape(channels, -1)).max(axis=1).astype(np.float64) \
+    w32 = w.astype(np.float32, copy=False)  # only read below: no copy of a float32 weight
+    buf = np.abs(w32)  # scratch: |w|, then the codes, then the dequantized weight
+    amax = np.moveaxis(buf, axis, 0).reshape(channels, -1).max(axis=1).astype(np.float64) \
         if w32.size else np.zeros(channels)
+    if w.dtype == np.float32 and not np.isfinite(amax).all():
+        raise ConfigError("cannot quantize a weight with non-finite values")
     if pow2_step:
         # amax is a float32, so the float64 quotient keeps amax <= 127 * step exact.
         step = np.where(amax > 0, _pow2_at_least(np.where(amax > 0, amax, 1.0) / INT8_MAX), 1.0)
     else:
         step = np.where(amax > 0, amax / INT8_MAX, 1.0)
     step = step.astype(np.float32)
-    q = np.clip(np.rint(w32 / along(step, axis, w.ndim)), -INT8_MAX, INT8_MAX).astype(np.int8)
+    np.divide(w32, along(step, axis, w.ndim), out=buf)
+    np.rint(buf, out=buf)
+    np.clip(buf, -INT8_MAX, INT8_MAX, out=buf)
+    q = buf.astype(np.int8)
 
     if channel_scale is None:
         scale, target = step, w32
@@ -90,5 +98,7 @@ def quantize_per_channel(w: np.ndarray, axis: int, pow2_step: bool = False,
         scale = step * cs
         target = w32 * along(cs, axis, w.ndim)
     out = QuantizedTensor(q, scale.astype(np.float32), axis, exact=False)
-    out.exact = bool(np.array_equal(out.dequantize(), target))
+    # out.dequantize() (int8 -> float32 is exact, then the one float32 multiply), into buf
+    np.multiply(q, along(out.scale, axis, w.ndim), out=buf, dtype=np.float32)
+    out.exact = bool(np.array_equal(buf, target))
     return out
