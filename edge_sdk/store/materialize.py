@@ -59,7 +59,7 @@ from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.graph import QUANT_AXIS, Graph, Op, Quantization, Tensor, tflite_weight
 from edge_sdk.store import sampler
 from edge_sdk.store.container import Store
-from edge_sdk.store.packing import unpack_bits, unpack_mask
+from edge_sdk.store.packing import unpack_bits, unpack_lookup, unpack_mask
 from edge_sdk.store.quant import QuantizedTensor, along, quantize_per_channel
 from edge_sdk.tflite_writer import write_tflite
 
@@ -108,8 +108,7 @@ def decode_point(store: Store, name: str, out: int | None = None) -> np.ndarray:
     book = np.asarray(store.array(f"{name}/codebook"), np.float32)
     bits = int(L["bits"])
     if enc == "codebook":
-        idx = unpack_bits(store.array(f"{name}/index"), bits, numel)[:rows * per_row]
-        vals = _take(book, idx, name)
+        vals = _lookup(store.array(f"{name}/index"), bits, numel, book, name)[:rows * per_row]
     elif enc == "sparse_codebook":
         mask = unpack_mask(store.array(f"{name}/mask"), numel)
         idx = unpack_bits(store.array(f"{name}/index"), bits, int(mask.sum()))
@@ -126,6 +125,14 @@ def _take(book: np.ndarray, idx: np.ndarray, name: str) -> np.ndarray:
         raise _bad(f"layer {name!r}: index {int(idx.max())} outside its {book.size}-entry "
                    "codebook")
     return np.take(book, idx)  # = book[idx], 1.6x faster on uint16 indices
+
+
+def _lookup(buf, bits: int, count: int, book: np.ndarray, name: str) -> np.ndarray:
+    """``book`` at the ``count`` indices packed in ``buf`` (each checked against the book)."""
+    try:
+        return unpack_lookup(buf, bits, count, book)
+    except BundleError as exc:
+        raise _bad(f"layer {name!r}: {exc}") from None
 
 
 def _codes(store: Store, name: str, rows: int) -> np.ndarray:
@@ -157,8 +164,8 @@ def sample_weights(store: Store, name: str, sample: int, out: int | None = None)
     if kind == "normal":
         bits = int(L["sigma_bits"])
         book = np.asarray(store.array(f"{name}/sigma_codebook"), np.float32)
-        sig = _take(book, unpack_bits(store.array(f"{name}/sigma_index"), bits,
-                                      int(np.prod(shape)))[:n], name)
+        sig = _lookup(store.array(f"{name}/sigma_index"), bits, int(np.prod(shape)), book,
+                      name)[:n]
         eps = sampler.normal(seed, stream, n)
         np.multiply(sig, eps, out=eps)  # mu + sigma * eps, float32, in place
         np.add(mu.reshape(-1), eps, out=eps)

@@ -27,8 +27,8 @@ import numpy as np
 
 from edge_sdk.errors import BundleError, ConfigError
 
-__all__ = ["MAX_BITS", "bits_for", "packed_size", "pack_bits", "unpack_bits", "pack_mask",
-           "unpack_mask"]
+__all__ = ["MAX_BITS", "bits_for", "packed_size", "pack_bits", "unpack_bits", "unpack_lookup",
+           "pack_mask", "unpack_mask"]
 
 MAX_BITS = 32  # indices are read back as uint16 (bits <= 16) or uint32
 
@@ -91,6 +91,22 @@ def pack_bits(indices: np.ndarray, bits: int) -> bytes:
     return np.packbits(rows.reshape(-1), bitorder="little").tobytes()
 
 
+def _packed_bytes(buf: bytes | bytearray | memoryview, bits: int, count: int) -> np.ndarray:
+    """``buf`` as uint8, refused (``BundleError``) unless it is exactly ``ceil(count * bits / 8)``
+    bytes with zero padding bits."""
+    expected = packed_size(count, bits)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if raw.size != expected:
+        raise BundleError(f"packed indices: expected {expected} bytes for {count} values at "
+                          f"{bits} bits, got {raw.size} bytes")
+    if raw.size:
+        used = count * bits - 8 * (raw.size - 1)  # bits of the last byte that hold values
+        if int(raw[-1]) >> used:
+            raise BundleError(f"packed indices: padding bits after {count} values at {bits} "
+                              f"bits must be zero (the canonical encoding), got non-zero")
+    return raw
+
+
 def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> np.ndarray:
     """The ``count`` indices packed in ``buf`` at ``bits`` bits each, as a new 1-D array.
 
@@ -98,18 +114,10 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> n
     exactly ``ceil(count * bits / 8)`` bytes, or whose padding bits are not zero.
     """
     bits = _check_bits(bits)
-    expected = packed_size(count, bits)
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    if raw.size != expected:
-        raise BundleError(f"packed indices: expected {expected} bytes for {count} values at "
-                          f"{bits} bits, got {raw.size} bytes")
+    raw = _packed_bytes(buf, bits, count)
     dtype = np.uint16 if bits <= 16 else np.uint32
     if count == 0 or bits == 0:
         return np.zeros(count, dtype=dtype)
-    used = count * bits - 8 * (raw.size - 1)  # bits of the last byte that hold values
-    if int(raw[-1]) >> used:
-        raise BundleError(f"packed indices: padding bits after {count} values at {bits} bits "
-                          f"must be zero (the canonical encoding), got non-zero")
     if bits in (8, 16, 32):  # whole bytes: the stream is the little-endian integers themselves
         return raw.view(f"<u{bits // 8}").astype(dtype)
     if bits == 1:
@@ -117,6 +125,38 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> n
     if bits in (2, 4):
         return _unpack_sub_byte(raw, bits, count)
     return _unpack_gather(raw, bits, count, dtype)
+
+
+def unpack_lookup(buf: bytes | bytearray | memoryview, bits: int, count: int,
+                  table: np.ndarray) -> np.ndarray:
+    """``table[unpack_bits(buf, bits, count)]``: the ``table`` entries (a 1-D array, e.g. a
+    codebook) the ``count`` packed indices select, a 1-D array of ``table``'s dtype. Refuses
+    (``BundleError``) what :func:`unpack_bits` refuses and an index ``>= len(table)``.
+
+    At 1, 2 and 4 bits a byte holds whole indices, so the entries of all 256 byte values are
+    tabulated (``(256, 8 // bits)``) and each byte gathers its row: one gather of ``count * bits
+    / 8`` rows instead of an unpack and a gather per index (2.4 M indices at 4 bits: ~0.9 ms
+    against ~3 ms)."""
+    table = np.asarray(table)
+    if table.ndim != 1:
+        raise ConfigError(f"lookup table must be 1-D, got shape {table.shape}")
+    bits = _check_bits(bits)
+    if bits not in (1, 2, 4) or count == 0:
+        idx = unpack_bits(buf, bits, count)
+        if idx.size and int(idx.max()) >= table.size:
+            raise BundleError(f"index {int(idx.max())} outside its {table.size}-entry codebook")
+        return np.take(table, idx)
+    raw = _packed_bytes(buf, bits, count)
+    per = 8 // bits
+    fields = (np.arange(256)[:, None] >> (np.arange(per) * bits)) & ((1 << bits) - 1)
+    if table.size < 1 << bits:  # some index values have no entry: are they used?
+        valid = (fields < table.size).all(axis=1)  # byte values whose indices all have one
+        if not np.take(valid, raw).all():  # (the zero padding of the last byte is index 0)
+            idx = unpack_bits(buf, bits, count)
+            raise BundleError(f"index {int(idx.max())} outside its {table.size}-entry codebook")
+        fields = np.minimum(fields, table.size - 1)  # rows of the unused byte values
+    rows = np.ascontiguousarray(table[fields])  # (256, per): byte b -> its indices' entries
+    return np.take(rows, raw, axis=0).reshape(-1)[:count]
 
 
 def _unpack_sub_byte(raw: np.ndarray, bits: int, count: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.store.packing import (bits_for, pack_bits, pack_mask, packed_size, unpack_bits,
-                                    unpack_mask)
+                                    unpack_lookup, unpack_mask)
 
 
 @pytest.mark.parametrize("k, bits", [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (16, 4), (17, 5),
@@ -135,3 +135,32 @@ def test_fast_paths_refuse_non_zero_padding(bits):
     buf[-1] |= 0x80
     with pytest.raises(BundleError, match="padding bits"):
         unpack_bits(bytes(buf), bits, 3)
+
+
+@pytest.mark.parametrize("bits", [0, 1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 8, 9, 333])
+@pytest.mark.parametrize("k_less", [0, 1, 3])  # the table has 2**bits - k_less entries
+def test_unpack_lookup_is_the_table_at_the_unpacked_indices(bits, count, k_less):
+    k = max(1, (1 << bits) - k_less)
+    rng = np.random.default_rng(bits * 100 + count * 3 + k_less)
+    table = rng.standard_normal(k).astype(np.float32)
+    idx = rng.integers(0, k, size=count)
+    buf = pack_bits(idx, bits)
+    out = unpack_lookup(buf, bits, count, table)
+    assert out.dtype == np.float32 and out.shape == (count,)
+    assert out.tobytes() == table[unpack_bits(buf, bits, count)].tobytes()
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_unpack_lookup_refuses_an_index_outside_the_table(bits):
+    k = max(1, (1 << bits) - 2)
+    idx = np.zeros(11, dtype=np.int64)
+    idx[5] = k  # the first index without an entry
+    with pytest.raises(BundleError, match=f"index {k} outside its {k}-entry codebook"):
+        unpack_lookup(pack_bits(idx, bits), bits, 11, np.zeros(k, np.float32))
+    with pytest.raises(BundleError, match="outside its 0-entry"):
+        unpack_lookup(pack_bits(np.zeros(3, np.int64), bits), bits, 3, np.zeros(0, np.float32))
+    buf = bytearray(pack_bits(np.zeros(3, dtype=np.uint8), bits))
+    buf[-1] |= 0x80 if 3 * bits % 8 else 0xFF  # a padding bit (unpack_bits refuses it) or 255
+    with pytest.raises(BundleError, match="padding bits" if 3 * bits % 8 else "index 255"):
+        unpack_lookup(bytes(buf), bits, 3, np.zeros(k, np.float32))
