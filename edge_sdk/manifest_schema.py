@@ -45,7 +45,7 @@ _CHECKOUT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = _CHECKOUT / "docs" / "manifest.schema.json" \
     if (_CHECKOUT / "pyproject.toml").is_file() else Path("manifest.schema.json")
 RECORDS: tuple[type, ...] = (B.Manifest, B.InputSpec, B.OutputSpec, B.FileEntry,
-                             B.Configuration, B.StoreEntry, B.Recipe)
+                             B.Configuration, B.StoreEntry, B.Recipe, B.Slice)
 
 _PROBABILITY = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
 
@@ -66,6 +66,11 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.store": {
         "description": "The weight store file (layout store; null otherwise): verify its size "
                        "and sha256 before decoding it."},
+    "Manifest.slices": {
+        "propertyNames": {"pattern": r"^[^./\\:][^/\\:]*\.tflite$"},
+        "description": "Layout store: every virtual file once, by its .tflite name: sha256 and "
+                       "bytes of the materialised file and its recipe; configurations list "
+                       "their files by these names."},
     "Manifest.graphs": {
         "propertyNames": {"pattern": r"^(0\.[0-9][0-9]|1\.00)$"},
         "additionalProperties": {"type": "object",
@@ -127,7 +132,8 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                               "description": "Posterior samples S averaged (point: 1)."},
     "Configuration.files": {
         "minItems": 1,
-        "description": "One file (point, head) or one per sample (all), in sample order."},
+        "description": "One file (point, head) or one per sample (all), in sample order: "
+                       "file entries, or (layout store) names of the slices table."},
     "Configuration.invokes": {"minimum": 1,
                               "description": "Invokes per prediction: 1, or S for scope all."},
     "Configuration.temperature": {
@@ -167,8 +173,21 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Configuration.memory_mb": {"minimum": 0,
                                 "description": "RSS increase of loading and running it."},
     "Configuration.materialize": {
-        "description": "Layout store: one recipe per file, in file order (how the file's "
-                       "bytes are made from the store); absent in a files-layout bundle."},
+        "description": "The first version-3 store form: one recipe per file, in file order "
+                       "(how the file's bytes are made from the store), with the files as "
+                       "entries; still read. Written: the recipes are in slices."},
+    "Slice.sha256": {"pattern": "^[0-9a-f]{64}$",
+                     "description": "Of the materialised bytes; check it before use."},
+    "Slice.bytes": {"minimum": 1},
+    "Slice.width": {
+        "pattern": r"^(0\.[0-9][0-9]|1\.00)$",
+        "description": "A key of graphs: the width the slice is cut to."},
+    "Slice.sample": {
+        "minimum": 0,
+        "description": "The posterior sample (scope all), or null: the point network."},
+    "Slice.heads": {
+        "minimum": 0,
+        "description": "Head scope: S sampled classifiers stacked (output [S, C]); else 0."},
     "StoreEntry.name": {
         "pattern": r"^[^./\\:][^/\\:]*\.bin$",
         "description": "The store file directly inside the bundle directory."},

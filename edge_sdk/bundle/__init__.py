@@ -30,12 +30,18 @@ Schema version 3 (``manifest.yaml``; version 2 is the same without ``layout``, `
                                       # one weight store, every file materialised from it
                                       # (docs/store.md)
     store: {name: store.bin, sha256: <64 hex>, bytes: <int>}   # layout store only
+    slices:                           # layout store only: every virtual file once, by name
+      w0.50-s0.tflite: {sha256: <64 hex>, bytes: <int>, width: '0.50', sample: 0}
+      w0.50-head8.tflite: {sha256: ..., bytes: ..., width: '0.50', heads: 8}
+                                      # its recipe: graphs key, sample index (all; omitted:
+                                      # null), heads (head scope: S stacked; omitted: 0)
     configurations:                   # non-empty; ids unique
     - id: w0.50-head8
       width: 0.5                      # 0 < width <= 1
       scope: point | head | all
       samples: 8                      # point: 1
       files: [{name: x.tflite, sha256: <64 hex>, bytes: <int>}]   # point/head: 1 file, all: `samples`
+                                      # layout store: names of the slices table [w0.50-s0.tflite]
       invokes: 1                      # point/head: 1, all: samples
       output: {kind: logits, shape: [S, C]}                      # [1, C] for point and all
       temperature: 1.3
@@ -54,9 +60,9 @@ Schema version 3 (``manifest.yaml``; version 2 is the same without ``layout``, `
       test: {raw: {accuracy: ..., nll: ..., ece: ..., brier: ...}, calibrated: {...}}
       latency_ms: <float> | null      # measured on the exporting host; null with --no-measure
       memory_mb: <float> | null
-      materialize:                    # layout store only: one recipe per file, in file order
-      - {width: '0.50', sample: null, heads: 8}   # graphs key; sample index (all) or null;
-                                      # heads = S stacked sampled classifiers (head), else 0
+      materialize:                    # (the first version-3 store form: one recipe per
+      - {width: '0.50', sample: null, heads: 8}   # file with the files as entries; read, and
+                                      # written as the slices table + names)
     graphs: {'0.50': {...}}           # layout store only: width key -> the width's point graph
                                       # description (edge_sdk.graph.Graph.to_dict, weights by
                                       # reference, int8 scales filled at materialisation)
@@ -96,6 +102,7 @@ from edge_sdk.bundle.records import (
     InputSpec,
     OutputSpec,
     Recipe,
+    Slice,
     StoreEntry,
     file_entry,
     width_key,
@@ -123,6 +130,7 @@ __all__ = [
     "Manifest",
     "OutputSpec",
     "Recipe",
+    "Slice",
     "StoreEntry",
     "check_slice",
     "file_entry",

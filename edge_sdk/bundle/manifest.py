@@ -18,8 +18,11 @@ from edge_sdk.bundle.records import (
     FileEntry,
     InputSpec,
     OutputSpec,
+    FILE_SUFFIX,
     Recipe,
+    Slice,
     StoreEntry,
+    _file_name,
     _Record,
     _record,
     _width_key,
@@ -101,7 +104,8 @@ class Configuration(_Record):
     width: float
     scope: str
     samples: int
-    files: tuple[FileEntry, ...]
+    # parsed: FileEntry records; written by a layout-store manifest as names of its slices
+    files: tuple[FileEntry | str, ...]
     invokes: int
     output: OutputSpec
     temperature: float
@@ -242,6 +246,80 @@ def _graphs(value: object, path: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: Configuration keys a layout-store manifest leaves out at their defaults (the reader fills
+#: them in: they are the dataclass defaults)
+_COMPACT_DEFAULTS: dict[str, Any] = {"unique_values": None, "weight_entropy_bits": None,
+                                     "cascade": {}, "latency_ms": None, "memory_mb": None}
+
+
+def _slices(value: object, path: str, graphs: Mapping[str, Any]) -> dict[str, Slice]:
+    """The slices table: plain ``*.tflite`` names -> Slice, each recipe's width in graphs."""
+    out: dict[str, Slice] = {}
+    for key, item in mapping(value, path).items():
+        p = key_path(path, key)
+        name = _file_name(key, p)
+        sl = _record(Slice, item, p)
+        if sl.width not in graphs:
+            fail(join(p, "width"), f"no graph for width {sl.width!r} (graphs has "
+                                   f"{', '.join(graphs) or 'none'})")
+        out[name] = sl
+    return out
+
+
+def _resolve_names(items: list, path: str, layout: str, slices: Mapping[str, Slice]
+                   ) -> tuple[list, dict[int, list[str]]]:
+    """Configuration dicts whose files are slice names -> with file entries and recipes (the
+    form Configuration parses), and per such configuration its names; anything else unchanged
+    (Configuration reports it)."""
+    out, named = [], {}
+    for i, c in enumerate(items):
+        files = c.get("files") if isinstance(c, Mapping) else None
+        if not isinstance(files, list) or not any(isinstance(f, str) for f in files):
+            out.append(c)
+            continue
+        cp = f"{path}[{i}]"
+        if layout != "store":
+            j = next(j for j, f in enumerate(files) if isinstance(f, str))
+            fail(f"{cp}.files[{j}]", f"expected a file entry {{name, sha256, bytes}}, got the "
+                                     f"name {show(files[j])} (a name refers to the slices "
+                                     "table of a layout 'store' manifest)")
+        if c.get("materialize") is not None:
+            fail(f"{cp}.materialize", "expected none: files listed by name take their recipes "
+                                      "from the slices table")
+        entries, recipes = [], []
+        for j, f in enumerate(files):
+            if not isinstance(f, str):
+                fail(f"{cp}.files[{j}]", "expected a slice name like the other files of this "
+                                         f"configuration, got {show(f)}")
+            if f not in slices:
+                fail(f"{cp}.files[{j}]", f"no slice {show(f)} in slices (a file listed by "
+                                         "name must be in the slices table)")
+            entries.append(slices[f].entry(f))
+            recipes.append(slices[f].recipe)
+        out.append({**c, "files": entries, "materialize": recipes})
+        named[i] = list(files)
+    return out, named
+
+
+def _named_configuration(item: object, path: str, names: list[str] | None,
+                         slices_path: str = "slices") -> Configuration:
+    """Parse one configuration; a recipe error of a file listed by name is reported at the
+    slices table entry it came from (the recipe is not in the configuration)."""
+    if names is None:
+        return _record(Configuration, item, path)
+    try:
+        return _record(Configuration, item, path)
+    except BundleError as exc:
+        msg = str(exc)
+        for j, name in enumerate(names):
+            where = f"{path}.materialize[{j}]"
+            if msg.startswith(where + ".") or msg.startswith(where + ":"):
+                rest = msg[len(where):].lstrip(".")
+                raise BundleError(f"{key_path(slices_path, name)}.{rest} (listed by {path}."
+                                  f"files[{j}])") from None
+        raise
+
+
 def _check_version(value: object, path: str) -> int:
     version = int_value(value, path)
     if version not in READABLE_VERSIONS:
@@ -277,6 +355,9 @@ class Manifest(_Record):
     batch_dim: int | None = None
     layout: str = "files"
     store: StoreEntry | None = None
+    # layout store: file name -> Slice (sha256, bytes, recipe), every virtual file once; the
+    # configurations' files and recipes are resolved from it (built from them when absent)
+    slices: dict[str, Slice] = field(default_factory=dict)
     configurations: tuple[Configuration, ...]
     # width key -> the width's point graph description, weights by reference (store layout)
     graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -295,16 +376,32 @@ class Manifest(_Record):
         """Whether one invoke may run a batch: resize the input along :attr:`batch_dim`."""
         return self.batch_dim is not None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data in schema key order; no ``batch_dim`` in a version-1 manifest."""
+    def to_dict(self, expand: bool = False) -> dict[str, Any]:
+        """Plain data in schema key order; no ``batch_dim`` in a version-1 manifest.
+
+        Layout store: the ``slices`` table holds every virtual file once (sha256, bytes,
+        recipe) and each configuration lists its files by name, without ``materialize`` and
+        without the keys at their defaults (docs/store.md §5: the manifest's bytes count
+        against the bundle). ``expand``: the first version-3 form instead (file entries and
+        recipes in every configuration, no slices table); both read as the same Manifest."""
         out = super().to_dict()
         if self.schema_version < 2:
             del out["batch_dim"]
         if self.schema_version < 3:
-            for key in ("layout", "store", "graphs"):
+            for key in ("layout", "store", "graphs", "slices"):
                 del out[key]
         elif not self.is_store:
-            del out["store"], out["graphs"]
+            del out["store"], out["graphs"], out["slices"]
+        elif expand:
+            del out["slices"]
+        else:
+            out["slices"] = {name: sl.to_dict(compact=True) for name, sl in self.slices.items()}
+            for c in out["configurations"]:
+                c["files"] = [f["name"] for f in c["files"]]
+                del c["materialize"]
+                for key in _COMPACT_DEFAULTS:
+                    if c[key] == _COMPACT_DEFAULTS[key]:
+                        del c[key]
         return out
 
     @property
@@ -385,7 +482,8 @@ class Manifest(_Record):
         version = out["schema_version"]
         layout = out["layout"] = choice(v["layout"], join(path, "layout"), BUNDLE_LAYOUTS)
         if version < 3:
-            for key, empty in (("layout", "files"), ("store", None), ("graphs", {})):
+            for key, empty in (("layout", "files"), ("store", None), ("graphs", {}),
+                               ("slices", {})):
                 if v[key] != empty:
                     fail(join(path, key), f"needs schema version 3 (a version-{version} bundle "
                                           "is a directory of .tflite files); set "
@@ -407,14 +505,19 @@ class Manifest(_Record):
             if v["graphs"]:
                 fail(join(path, "graphs"), "expected none for layout 'files' (graphs describe "
                                            "the slices materialised from a store)")
+            if v["slices"]:
+                fail(join(path, "slices"), "expected none for layout 'files' (slices are "
+                                           "materialised from a store)")
             graphs = {}
         out["store"], out["graphs"] = store, graphs
+        given = _slices(v["slices"], join(path, "slices"), graphs) if layout == "store" else {}
 
         p = join(path, "configurations")
-        configs = tuple(
-            _record(Configuration, item, f"{p}[{i}]")
-            for i, item in enumerate(list_value(v["configurations"], p, nonempty=True))
-        )
+        items, named = _resolve_names(list_value(v["configurations"], p, nonempty=True), p,
+                                      layout, given)
+        configs = tuple(_named_configuration(item, f"{p}[{i}]", named.get(i),
+                                             join(path, "slices"))
+                        for i, item in enumerate(items))
         ids: dict[str, int] = {}
         files: dict[str, tuple[FileEntry, str]] = {}
         folded: dict[str, str] = {}
@@ -462,6 +565,7 @@ class Manifest(_Record):
                 if r.width not in graphs:
                     fail(f"{cp}[{j}].width", f"no graph for width {r.width!r} (graphs has "
                                              f"{', '.join(graphs) or 'none'})")
+        slices: dict[str, Slice] = {}
         if layout == "store":  # one virtual file name, one recipe
             recipe_of: dict[str, tuple[Recipe, str]] = {}
             for i, config in enumerate(configs):
@@ -471,6 +575,16 @@ class Manifest(_Record):
                         fail(where, f"file {entry.name!r} has another recipe at "
                                     f"{recipe_of[entry.name][1]}")
                     recipe_of.setdefault(entry.name, (r, where))
+                    sl = Slice(sha256=entry.sha256, bytes=entry.bytes, **r.to_dict())
+                    if entry.name in given and given[entry.name] != sl:
+                        fail(f"{p}[{i}].files[{j}]", f"file {entry.name!r} differs from "
+                             f"slices[{show(entry.name)}] (sha256, bytes or recipe)")
+                    slices.setdefault(entry.name, sl)
+            unused = [name for name in given if name not in slices]
+            if unused:
+                fail(key_path(join(path, "slices"), unused[0]),
+                     "not listed by any configuration")
+        out["slices"] = slices
         by_id = {c.id: c for c in configs}
         for i, config in enumerate(configs):
             for target in config.cascade:

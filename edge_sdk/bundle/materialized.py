@@ -322,9 +322,10 @@ def files_manifest(manifest: Manifest) -> Manifest:
     file entries (so the same sha256 per file), without the store, the graphs and the recipes,
     and ``source.materialized_from`` naming the store it came from (provenance; nothing
     checks it)."""
-    data = manifest.to_dict()
+    data = manifest.to_dict(expand=True)  # file entries in every configuration
     store = data.pop("store")
     data.pop("graphs", None)
+    data.pop("slices", None)
     data["layout"] = "files"
     data["source"] = {**data.get("source", {}), "materialized_from": {
         "store": store["name"], "sha256": store["sha256"], "bytes": store["bytes"]}}

@@ -218,6 +218,49 @@ class Recipe(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Slice(_Record):
+    """One virtual file of a ``layout: store`` bundle, in the manifest's top-level ``slices``
+    table (keyed by its ``*.tflite`` name; docs/store.md §5): the sha256 and size of its
+    materialised bytes and its recipe (``width``, ``sample``, ``heads``: :class:`Recipe`).
+    Configurations list their files by name; the manifest resolves each name to its
+    :class:`FileEntry` and :class:`Recipe` when it is read, so a file shared by several
+    configurations (all-S lists the first S sample files) is described once."""
+
+    sha256: str
+    bytes: int
+    width: str
+    sample: int | None = None
+    heads: int = 0
+
+    @classmethod
+    def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        sha = v["sha256"]
+        if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
+            fail(join(path, "sha256"), f"expected 64 hex characters (lowercase), got {show(sha)}")
+        size = int_value(v["bytes"], join(path, "bytes"), minimum=1)
+        recipe = Recipe._parse({k: v[k] for k in ("width", "sample", "heads")}, path)
+        return {"sha256": str(sha), "bytes": size, **recipe}
+
+    def entry(self, name: str) -> FileEntry:
+        """The :class:`FileEntry` of this slice under ``name``."""
+        return FileEntry(name=name, sha256=self.sha256, bytes=self.bytes)
+
+    @property
+    def recipe(self) -> Recipe:
+        return Recipe(width=self.width, sample=self.sample, heads=self.heads)
+
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """Plain data; ``compact``: ``sample`` and ``heads`` left out at their defaults."""
+        out = super().to_dict()
+        if compact:
+            if out["sample"] is None:
+                del out["sample"]
+            if out["heads"] == 0:
+                del out["heads"]
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class InputSpec(_Record):
     """What ``predict`` accepts, before normalisation: model input = (raw - mean) / std.
 

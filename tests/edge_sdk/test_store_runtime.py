@@ -194,7 +194,7 @@ def test_materialised_tensors_are_checked_too(bundle, fake, monkeypatch):
     """A slice with the manifest's sha256 but another configuration's tensors (a manifest
     listing a head file's hash for a point file) is refused by check_slice."""
     path, fakes = fake
-    data = read_manifest(path, verify=False).to_dict()
+    data = read_manifest(path, verify=False).to_dict(expand=True)
     point = next(c for c in data["configurations"] if c["scope"] == "point")
     head = next(c for c in data["configurations"] if c["scope"] == "head")
     fakes.blobs = {**fakes.blobs, point["files"][0]["name"]: fakes.blobs[head["files"][0]["name"]]}
