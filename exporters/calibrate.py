@@ -6,7 +6,9 @@ the report): the temperature-averaged probabilities (:func:`~edge_sdk.metrics.pr
 re-exported here) and the risk–coverage curve the thresholds and cascade plans are cut from."""
 from __future__ import annotations
 
+import math
 import warnings
+from decimal import ROUND_FLOOR, Decimal
 from typing import Sequence
 
 import numpy as np
@@ -15,7 +17,8 @@ from edge_sdk import metrics as M
 from edge_sdk.metrics import predictive_probs
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "CalibrationWarning", "cascade_threshold",
-           "confidence_thresholds", "fit_temperature", "predictive_probs", "warn_if_few_samples"]
+           "confidence_thresholds", "fit_temperature", "predictive_probs", "short_threshold",
+           "warn_if_few_samples"]
 
 # Below this many validation samples a fitted temperature and the confidence thresholds are
 # mostly noise (17 samples once gave T = 0.05, silently); the digits demo validates on 179.
@@ -73,6 +76,26 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, lo: float = 0.05, hi
     return float(np.exp(best)) if nll(best) < nll(0.0) else 1.0
 
 
+def short_threshold(rc: M.RiskCoverage, k: int) -> float:
+    """The threshold of cut ``k`` of ``rc`` in the fewest decimal digits: the shortest decimal
+    ``d`` with ``next lower confidence < d <= rc.threshold[k]``. Every such ``d`` accepts
+    exactly the validation samples cut ``k`` accepts (the cut was fitted on them, and no
+    validation confidence lies between), so the manifest writes ``0.8488`` rather than
+    ``0.8487744616831707`` and no validation decision changes (issue 21: the manifest's bytes
+    count against the bundle)."""
+    hi = float(rc.threshold[k])
+    lo = float(rc.threshold[k + 1]) if k + 1 < len(rc.threshold) else 0.0
+    if not hi > 0 or not math.isfinite(hi):
+        return hi
+    exact = Decimal(hi)
+    for digits in range(1, 18):
+        quantum = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+        d = float(exact.quantize(quantum, rounding=ROUND_FLOOR))  # <= hi: floor, then nearest
+        if lo < d <= hi:
+            return d
+    return hi
+
+
 def confidence_thresholds(probs: np.ndarray, labels: np.ndarray,
                           targets: Sequence[float] = (0.9, 0.95, 0.99)) -> dict[str, float | None]:
     """For each target accuracy, the lowest confidence c such that the predictions with
@@ -83,7 +106,7 @@ def confidence_thresholds(probs: np.ndarray, labels: np.ndarray,
     out = {}
     for t in targets:
         ok = np.nonzero(rc.accuracy >= t)[0]
-        out[f"{t:g}"] = float(rc.threshold[ok[-1]]) if len(ok) else None
+        out[f"{t:g}"] = short_threshold(rc, int(ok[-1])) if len(ok) else None
     return out
 
 
@@ -105,6 +128,7 @@ def cascade_threshold(probs: np.ndarray, wider_probs: np.ndarray, labels: np.nda
     ok = np.nonzero(loss <= max_loss + 1e-12)[0]
     if not len(ok):
         return {"threshold": None, "coverage": 0.0, "max_loss": float(max_loss)}
-    k = ok[-1]
-    return {"threshold": float(here.threshold[k]), "coverage": float(here.coverage[k]),
+    k = int(ok[-1])
+    # coverage only weighs the plan's expected latency: 4 significant digits
+    return {"threshold": short_threshold(here, k), "coverage": float(f"{here.coverage[k]:.4g}"),
             "max_loss": float(max_loss)}

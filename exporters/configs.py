@@ -53,8 +53,11 @@ def quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
 def _sig(x: float | None, digits: int) -> float | None:
     """``x`` to ``digits`` significant digits: what a measurement or a test metric means (the
     last of 17 digits is noise), written in a third of the manifest bytes (issue 21: the
-    manifest counts against the bundle). Thresholds, temperatures and validation NLL, which
-    decisions are taken on, keep every digit."""
+    manifest counts against the bundle). Test metrics keep 4 (an accuracy on <= 10,000 test
+    samples is exact to one sample), latency and memory 4, the temperature 7 (the thresholds
+    and validation NLL are computed at the rounded temperature); thresholds are the shortest
+    decimals between two validation confidences (``calibrate.short_threshold``: no validation
+    decision changes) and the validation NLL keeps every digit (the budget rule ranks on it)."""
     return None if x is None else float(f"{x:.{digits}g}")
 
 
@@ -101,7 +104,9 @@ class Configurations:
         ``recipes``: one per file (layout store)."""
         val_logits, test_logits, ood_logits = logits
         val_y, test_y = self.ev.val_y, self.ev.test_y
-        temperature = fit_temperature(val_logits, val_y)
+        # 7 significant digits (the search's own tolerance is ~1e-9 relative): everything
+        # below is computed at the temperature the manifest states
+        temperature = _sig(fit_temperature(val_logits, val_y), 7)
         val_probs = predictive_probs(val_logits, temperature)
         self.val_probs[cid] = val_probs
         latency = memory = None
@@ -120,7 +125,7 @@ class Configurations:
             weight_entropy_bits=entropy,
             thresholds=confidence_thresholds(val_probs, val_y, self.targets),
             val_nll=float(M.nll(val_probs, val_y)),
-            test={k: {m: _sig(v, 6) for m, v in quality(test_logits, test_y, t,
+            test={k: {m: _sig(v, 4) for m, v in quality(test_logits, test_y, t,
                                                          ood_logits)[1].items()}
                   for k, t in (("raw", 1.0), ("calibrated", temperature))},
             latency_ms=latency, memory_mb=memory)
