@@ -8,7 +8,7 @@ of these bytes, so the device checks that what it built is byte for byte what wa
 The store's index (``Store.index``, the schema this module reads; the exporter writes it in
 ``exporters.store``)::
 
-    version: 1                      # STORE_INDEX_VERSION
+    version: 2                      # STORE_INDEX_VERSION (1: refused, see below)
     sampler: hash32-v1              # edge_sdk.store.sampler.SAMPLER
     posterior: gaussian | pwfn | sqs
     seed: <int>                     # sample s draws with seed (seed + s) mod 2**32
@@ -66,7 +66,10 @@ from edge_sdk.tflite_writer import write_tflite
 __all__ = ["STORE_INDEX_VERSION", "LayerRecord", "decode_point", "head_graph", "materialize",
            "materialize_file", "materialize_graph", "sample_seed", "sample_weights"]
 
-STORE_INDEX_VERSION = 1
+# 2: the point fold per width [2, channels] and a sample's own fold only where the sample
+# changes it (sfold, float16); 1 (the first schema-3 stores) held every sample's fold in
+# `fold` [1 + S_max, 2, channels] and is refused by name (re-export it)
+STORE_INDEX_VERSION = 2
 _U16 = 1 << 16
 
 
@@ -366,8 +369,11 @@ def materialize_graph(store: Store, graph: Graph | Mapping, width_key: str, *,
     """The filled graph, its weights and per-layer records that :func:`materialize` writes."""
     idx = store.index
     if not isinstance(idx, Mapping) or idx.get("version") != STORE_INDEX_VERSION:
-        raise _bad(f"index version {idx.get('version') if isinstance(idx, Mapping) else idx!r}"
-                   f" is not {STORE_INDEX_VERSION} (re-export, or use a matching edge_sdk)")
+        got = idx.get("version") if isinstance(idx, Mapping) else idx
+        old = " (version 1: every sample's fold in `fold`, before the per-sample `sfold`)" \
+            if got == 1 else ""
+        raise _bad(f"index version {got!r}{old} is not this edge_sdk's version "
+                   f"{STORE_INDEX_VERSION}: re-export the bundle, or use a matching edge_sdk")
     if idx.get("sampler") != sampler.SAMPLER:
         raise _bad(f"sampler {idx.get('sampler')!r}; this edge_sdk implements "
                    f"{sampler.SAMPLER!r}")

@@ -163,3 +163,22 @@ def test_names_and_slices_need_a_store_layout_and_version_3():
         Manifest.from_dict(table)
     with pytest.raises(BundleError, match=r"^slices: needs schema version 3"):
         Manifest.from_dict(dict(table, schema_version=2, layout="files"))
+
+
+def test_a_version_1_store_index_is_refused_naming_both_versions():
+    """Store index version 1 (every sample's fold in `fold`, before `sfold`) is refused with
+    a BundleError naming both versions, not misread."""
+    import store_support as ss
+    from edge_sdk.store import Store
+    from edge_sdk.store.materialize import STORE_INDEX_VERSION, materialize
+
+    index, arrays = ss.store_arrays()
+    assert STORE_INDEX_VERSION == 2
+    old = Store(dict(index, version=1), arrays)
+    wk = next(iter(index["widths"]))
+    g = ss.graph(index["widths"][wk]["layers"]["conv1"]["out"]).to_dict()
+    with pytest.raises(BundleError, match=r"index version 1 \(version 1: every sample's fold "
+                                          r"in `fold`.*is not this edge_sdk's version 2: "
+                                          r"re-export"):
+        materialize(old, g, wk)
+    assert materialize(Store(index, arrays), g, wk)[4:8] == b"TFL3"  # version 2 builds

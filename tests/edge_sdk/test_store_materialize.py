@@ -28,7 +28,7 @@ PLENTY_MB = 1e9
 # numpy-version-independent by construction (integer sampler, float32 elementwise arithmetic):
 # the same on numpy 1.26 + tflite-runtime 2.14 and on numpy 2.x + LiteRT
 PINNED = {
-    "store.bin": "816ec274d4248ad4dec65ff05c154a06518ebfa2bd180caef78cbd94dd98f991",
+    "store.bin": "9e0573b2c9ec6bc2902dbb99cc4fa1f702d44ecfc8620c8fc0c499f495435c91",
     "w1.00-point.tflite": "e3278be9d342b63397874a1886d3cbf979044493d9a45d3ebf8306e6dc3af091",
     "w1.00-s1.tflite": "72885b69974f0c02d2bebf420f498e61ef1bef86e7adaa5f81944a58dc622bb8",
     "w0.50-head3.tflite": "baa1a5735b9929b4559cec8e00854c8a23733557d274231fcf20189be77a0de2",
