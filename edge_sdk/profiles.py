@@ -32,6 +32,8 @@ from edge_sdk.validation import bool_value, choice, fail, float_value, int_value
 from edge_sdk.errors import BundleError, ProfileError
 
 SCHEMA_VERSION = 1
+# the safe loader (plain data, never an object) on libyaml's parser when PyYAML has it
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 ARCHES = ("arm64", "x86_64")
 ROUTES = ("fp32", "int8")
 
@@ -220,7 +222,7 @@ def load_profile(spec: str | os.PathLike) -> DeviceProfile:
     if not p.is_file():
         raise ProfileError(f"device profile {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ProfileError(f"{p}: not valid YAML ({e})") from e
     return profile_from_dict(data, str(p))
@@ -271,7 +273,8 @@ def write_profile(profile: DeviceProfile, path: str | os.PathLike, header: str =
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
-    profile_from_dict(yaml.safe_load(text), str(path))  # never write what we could not read back
+    # never write what we could not read back
+    profile_from_dict(yaml.load(text, Loader=SAFE_LOADER), str(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
