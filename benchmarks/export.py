@@ -1,39 +1,58 @@
-"""Export a checkpoint and compare the slices: bytes, MACs, TFLite vs torch eager latency (batch 1,
-1 thread, median of repeated invokes, measured in the same run), bundle bytes against the fp32
-full model, export wall time, and quality per configuration (with OOD AUROC when given).
+"""Issue 21's measured goals for one checkpoint: the store bundle's bytes against the
+full-width point slice and the fp32 model, and the store route against the files route.
 
-    python benchmarks/export.py --checkpoint runs/fashion_mnist/checkpoint.pt --out /tmp/bundle \
-        [--ood-data npz:DIR/notmnist_test.npz] [--samples 8] [--max-eval 2000]
+Exports (``--out DIR``): ``DIR/store-point`` (layout store, point only), ``DIR/store-all``
+(layout store, point + head + all, S = 1 .. ``--samples``) and ``DIR/files-all`` (layout files,
+point + head + all at S = ``--samples``: the version-1/2 per-slice files). Bundle bytes are
+every byte in the bundle directory (:func:`exporters.export.bundle_bytes`: store.bin +
+manifest.yaml + anything else). Prints and (``--md``) writes:
+
+- (a) store-point / the full-width point slice's int8 .tflite (the files route's
+  ``w1.00-point.tflite``), goal <= 1.15x; (b) store-all / the same, goal <= 1.6x; (c) a PWFN
+  checkpoint's store-point / the same (goal <= 0.7x at <= 32 unique values); (d) store-all /
+  the fp32 full model (the float route's full-width point slice, ``weights="float"``), goal
+  <= 0.4x; the store and manifest bytes of each;
+- store vs files per width: point slice accuracy and OOD AUROC difference (goal within
+  0.2 pt) and top-1 agreement on the test inputs (goal >= 99 %); head S and all S (S =
+  ``--samples``) accuracy and AUROC differences (goal within 0.2 pt: the generators differ).
+
+    python benchmarks/export.py --checkpoint runs/demo/train/checkpoint.pt --out /tmp/b21 \\
+        [--ood-data npz:DIR/notmnist_test.npz] [--samples 8] [--max-eval 1000] [--md out.md]
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
-from edge_sdk.bundle import SCOPES, read_manifest
-from exporters.export import ExportOptions, export_bundle
-from exporters.measure import latency_ms, run_tflite
-from exporters.slice import make_slice
+from edge_sdk.bundle import read_manifest
+from edge_sdk.bundle.materialized import read_store
+from edge_sdk.store import materialize_file
+from exporters.export import ExportOptions, bundle_bytes, export_bundle
+from exporters.measure import run_tflite
+from exporters.slice import make_slice, posterior_kind
 from exporters.tflite import export_point_slice
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict
-from trainer.data import load_data
+from trainer.data import load_data, load_ood, nhwc_inputs
 from trainer.evaluate import batches
 
 
-def torch_latency_ms(model, x, repeats=100) -> float:
-    with torch.no_grad():
-        for _ in range(5):
-            model(x)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model(x)
-            times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+def _point_logits(bundle: Path, manifest, config_id: str, xs: np.ndarray) -> np.ndarray:
+    c = manifest.configuration(config_id)
+    if manifest.is_store:
+        buf = materialize_file(read_store(bundle, manifest), manifest, c, 0)
+        assert buf and len(buf) == c.files[0].bytes
+    else:
+        buf = (bundle / c.files[0].name).read_bytes()
+    return run_tflite(buf, xs)[:, 0]
+
+
+def _pt(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{100 * (a - b):+.2f}"
 
 
 def main() -> None:
@@ -43,55 +62,103 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--ood-data", default=None)
     p.add_argument("--max-eval", type=int, default=None)
+    p.add_argument("--measure", action="store_true", help="host latency and memory too")
+    p.add_argument("--reuse", action="store_true", help="keep bundles already in --out")
+    p.add_argument("--md", default=None, help="also write the tables here (markdown)")
+    p.add_argument("--name", default=None, help="row label (default: the checkpoint path)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    export_bundle(args.checkpoint, args.out,
-                  ExportOptions(samples=args.samples, ood_data=args.ood_data, scopes=SCOPES,
-                                max_eval=args.max_eval, force=True), progress=False)
-    wall = time.perf_counter() - t0
-    manifest = read_manifest(args.out)
-    ckpt = ckpt_io.load_checkpoint(args.checkpoint)
+    out = Path(args.out)
+    ck = args.checkpoint
+    ckpt = ckpt_io.load_checkpoint(ck)
+    kind = posterior_kind(ckpt)
+    runs = {"store-point": dict(layout="store", scopes=("point",)),
+            "store-all": dict(layout="store", scopes=("point", "head", "all")),
+            "files-all": dict(layout="files", scopes=("point", "head", "all"))}
+    wall = {}
+    for name, kw in runs.items():
+        if args.reuse and (out / name / "manifest.yaml").is_file():
+            continue
+        t0 = time.perf_counter()
+        export_bundle(ck, out / name, ExportOptions(
+            samples=args.samples, ood_data=args.ood_data, max_eval=args.max_eval,
+            measure=args.measure, force=True, **kw), progress=False, log=lambda *a: None)
+        wall[name] = time.perf_counter() - t0
+    m = {name: read_manifest(out / name) for name in runs}
+
     cfg = config_from_dict(ckpt["config"])
     model = ckpt_io.model_from_checkpoint(ckpt)
-    data = load_data(cfg.data)
-    calib = batches(data.train, cfg.data.calib_samples, cfg.seed, batch=256)
-    x = data.test.x[:1]
-    fp32_bytes = 4 * sum(m.numel() for n, m in model.named_parameters()
-                         if n.endswith("weight_mu") or n.endswith("bias"))
-    bundle_bytes = sum(f.bytes for f in manifest.file_entries())
-    print(f"\nexport wall time {wall:.1f} s; bundle {bundle_bytes / 1024:.1f} KiB for "
-          f"{len(manifest.configurations)} configurations; fp32 full model {fp32_bytes / 1024:.1f}"
-          f" KiB; ratio {bundle_bytes / fp32_bytes:.2f}")
-    print(f"\n{'config':<14}{'KiB':>8}{'MACs':>11}{'tflite ms':>10}{'torch ms':>9}{'speedup':>8}"
-          f"{'acc':>7}{'acc T':>7}{'nll T':>7}{'ece':>7}{'ece T':>7}{'MI':>7}{'OOD':>7}{'MB':>6}")
-    torch_ms = {}
-    for c in manifest.configurations:
-        if c.width not in torch_ms:
-            torch_ms[c.width] = torch_latency_ms(make_slice(model, c.width, calib), x)
-        t_ms = torch_ms[c.width] * c.invokes
-        raw, cal = c.test["raw"], c.test["calibrated"]
-        ood = cal.get("ood_auroc")
-        print(f"{c.id:<14}{sum(f.bytes for f in c.files) / 1024:>8.1f}{c.macs:>11}"
-              f"{c.latency_ms:>10.3f}{t_ms:>9.3f}{t_ms / c.latency_ms:>7.1f}x"
-              f"{raw['accuracy']:>7.4f}{cal['accuracy']:>7.4f}{cal['nll']:>7.4f}{raw['ece']:>7.4f}"
-              f"{cal['ece']:>7.4f}{cal['mutual_info']:>7.4f}"
-              f"{'-' if ood is None else f'{ood:.4f}':>7}{c.memory_mb:>6.1f}")
-    print("\ntorch ms = eager point slice per invoke x invokes (the head scope's torch figure is "
-          "the point slice's); T = fitted temperature; MI = mean mutual information")
+    spec = ckpt_io.input_spec(ckpt)
+    data = load_data(cfg.data, spec)
+    calib = batches(data.train, min(cfg.data.calib_samples, len(data.train)), cfg.seed,
+                    batch=256)
+    fp32, _ = export_point_slice(make_slice(model, 1.0, calib), list(spec.shape), "float")
+    point = m["files-all"].configuration("w1.00-point").files[0].bytes
+    sizes = {name: bundle_bytes(out / name) for name in runs}
+    store = {n: m[n].store.bytes for n in ("store-point", "store-all")}
+    man = {n: (out / n / "manifest.yaml").stat().st_size for n in runs}
+    uv = m["store-point"].configuration("w1.00-point").unique_values
+    label = args.name or ck
+    lines = [f"### {label} ({kind}{'' if uv is None else f', {uv} unique values'})", "",
+             f"full-width point slice int8 .tflite: {point:,} B; fp32 full model (float "
+             f"route, width 1): {len(fp32):,} B; S_max = {args.samples}; export wall "
+             + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items()), "",
+             "| bundle | store.bin | manifest.yaml | bundle bytes | / point slice | goal | "
+             "/ fp32 | goal |", "|---|---|---|---|---|---|---|---|"]
+    a = sizes["store-point"] / point
+    b = sizes["store-all"] / point
+    rows = [("(a) store, 4 widths, point only" if kind != "pwfn" else
+             f"(a)+(c) store, 4 widths, point only (PWFN, {uv} values)", "store-point",
+             "<= 1.15x" + (" / <= 0.7x" if kind == "pwfn" and uv is not None and uv <= 32
+                           else ""), ""),
+            (f"(b) store, 4 widths, point + head + all, S <= {args.samples}", "store-all",
+             "<= 1.6x", "<= 0.4x"),
+            (f"files route, S = {args.samples} (version-2 style)", "files-all", "", "")]
+    for text, n, goal, goal32 in rows:
+        st = store.get(n)
+        lines.append(f"| {text} | {'-' if st is None else f'{st:,}'} | {man[n]:,} | "
+                     f"{sizes[n]:,} | {sizes[n] / point:.2f}x | {goal} | "
+                     f"{sizes[n] / len(fp32):.2f}x | {goal32} |")
+    lines += ["", f"(a) {a:.2f}x, (b) {b:.2f}x, (b) vs fp32 "
+                  f"{sizes['store-all'] / len(fp32):.2f}x", ""]
 
-    # int8 weights: DEQUANTIZE -> float op (exact, the default) vs hybrid ops, same slices
-    print(f"\n{'width':>6}{'dequantize ms':>15}{'hybrid ms':>11}{'hybrid/dequantize':>19}"
-          f"{'hybrid max rel diff':>21}")
-    xs = x.permute(0, 2, 3, 1).numpy()
-    for w in sorted(torch_ms):
-        sl = make_slice(model, w, calib)
-        bufs = {r: export_point_slice(sl, [1, *xs.shape[1:]], r)[0] for r in ("dequantize", "hybrid")}
-        ms = {r: latency_ms(b, xs[0], 200) for r, b in bufs.items()}
-        outs = {r: run_tflite(b, data.test.x[:200].permute(0, 2, 3, 1).numpy()) for r, b in bufs.items()}
-        diff = abs(outs["hybrid"] - outs["dequantize"]).max() / abs(outs["dequantize"]).max()
-        print(f"{w:>6.3g}{ms['dequantize']:>15.3f}{ms['hybrid']:>11.3f}"
-              f"{ms['hybrid'] / ms['dequantize']:>18.2f}x{diff:>21.4f}")
+    # store route vs files route
+    test_x, _ = nhwc_inputs(data.test, args.max_eval)
+    lines += ["| width | point acc store | files | diff pt | OOD AUROC diff pt | top-1 agree | "
+              f"head{args.samples} acc / AUROC diff pt | all{args.samples} acc / AUROC diff pt |",
+              "|---|---|---|---|---|---|---|---|"]
+    fa = m["files-all"]
+    sa = m["store-all"]
+    for c in fa.configurations:
+        if c.scope != "point":
+            continue
+        wk = f"{c.width:.2f}"
+        s_c = sa.configuration(c.id)
+        ls = _point_logits(out / "store-all", sa, c.id, test_x)
+        lf = _point_logits(out / "files-all", fa, c.id, test_x)
+        agree = float((ls.argmax(1) == lf.argmax(1)).mean())
+        sc, fc = s_c.test["calibrated"], c.test["calibrated"]
+        cells = []
+        for scope in ("head", "all"):
+            cid = f"w{wk}-{scope}{args.samples}"
+            try:
+                x1, x2 = sa.configuration(cid).test["calibrated"], \
+                    fa.configuration(cid).test["calibrated"]
+                cells.append(f"{_pt(x1['accuracy'], x2['accuracy'])} / "
+                             f"{_pt(x1.get('ood_auroc'), x2.get('ood_auroc'))}")
+            except Exception:  # noqa: BLE001 - a scope not exported
+                cells.append("-")
+        lines.append(f"| {c.width:g} | {sc['accuracy']:.4f} | {fc['accuracy']:.4f} | "
+                     f"{_pt(sc['accuracy'], fc['accuracy'])} | "
+                     f"{_pt(sc.get('ood_auroc'), fc.get('ood_auroc'))} | {100 * agree:.2f} % | "
+                     f"{cells[0]} | {cells[1]} |")
+    lines += ["", f"{len(test_x)} test inputs (accuracy: calibrated; AUROC: predictive-entropy "
+                  f"OOD AUROC{'' if args.ood_data else ', none: no --ood-data'})", ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).write_text(text + "\n")
 
 
 if __name__ == "__main__":

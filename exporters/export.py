@@ -275,6 +275,15 @@ def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
     return {name: build.data}, weight_notes
 
 
+def bundle_bytes(bundle_dir: str | Path) -> int:
+    """Every byte in a bundle directory (issue 21's bundle size: store.bin + manifest.yaml +
+    anything else, hidden files and subdirectories included; symlinks are not followed)."""
+    root = Path(bundle_dir)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: not a bundle directory")
+    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def summary(manifest) -> str:
     lines = [f"{'configuration':<16}{'acc':>7}{'acc T':>7}{'ece':>7}{'ece T':>7}{'T':>6}"
              f"{'MACs':>10}{'KiB':>8}{'ms':>8}{'MB':>7}"]
