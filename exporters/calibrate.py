@@ -89,10 +89,13 @@ def short_threshold(rc: M.RiskCoverage, k: int) -> float:
         return hi
     exact = Decimal(hi)
     for digits in range(1, 18):
+        # the nearest decimal (0.9 for the float 0.9, which is a little below 9/10), else the
+        # one below (floor, then the nearest float: never above hi)
         quantum = Decimal(1).scaleb(exact.adjusted() - digits + 1)
-        d = float(exact.quantize(quantum, rounding=ROUND_FLOOR))  # <= hi: floor, then nearest
-        if lo < d <= hi:
-            return d
+        for d in (float(f"{hi:.{digits}g}"),
+                  float(exact.quantize(quantum, rounding=ROUND_FLOOR))):
+            if lo < d <= hi:
+                return d
     return hi
 
 

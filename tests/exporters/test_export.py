@@ -659,7 +659,7 @@ def test_cascade_threshold_bounds_the_loss_and_takes_the_largest_coverage(max_lo
         assert plan["coverage"] == 0.0
         return
     got, coverage = loss(plan["threshold"])
-    assert got <= max_loss + 1e-12 and coverage == pytest.approx(plan["coverage"])
+    assert got <= max_loss + 1e-12 and coverage == pytest.approx(plan["coverage"], rel=5e-4)  # 4 digits
     # no lower threshold (more coverage) among the observed confidences keeps the bound
     lower = np.sort(conf[conf < plan["threshold"]])
     assert all(loss(t)[0] > max_loss + 1e-12 for t in lower)
@@ -670,7 +670,8 @@ def test_cascade_threshold_accepts_everything_when_the_narrow_one_is_as_good():
 
     narrow, _, labels = _cascade_case()
     plan = cascade_threshold(narrow, narrow, labels, 0.0)
-    assert plan["coverage"] == 1.0 and plan["threshold"] == pytest.approx(narrow.max(1).min())
+    # every validation sample accepted: any threshold in (0, lowest confidence], the shortest
+    assert plan["coverage"] == 1.0 and 0 < plan["threshold"] <= narrow.max(1).min()
 
 
 # ----------------------------------------------------------------- 8. the carried input spec
