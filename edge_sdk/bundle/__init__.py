@@ -70,7 +70,8 @@ Schema version 3 (``manifest.yaml``; version 2 is the same without ``layout``, `
 Every record is a frozen dataclass validated on construction; ``from_dict`` raises
 :class:`~edge_sdk.errors.BundleError` naming the dotted key path of the first problem
 (``configurations[2].files[0].sha256: expected 64 hex characters (lowercase), got '...'``).
-YAML is read with ``yaml.safe_load`` only, so a manifest cannot execute code.
+YAML is read with the safe loader only (``yaml.CSafeLoader``, ``yaml.SafeLoader`` without libyaml),
+so a manifest cannot execute code.
 
 stdlib + pyyaml only: this package runs on the device (never import torch or the workstation
 packages here).
