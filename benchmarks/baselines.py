@@ -160,10 +160,14 @@ def bundle_rows(bundle: Path, method: str, eval_sets: dict, labels: np.ndarray,
                 seconds: float) -> list[dict]:
     """Rows of every configuration of a bundle, scored by :func:`quality` on the interpreter's
     logits at the bundle's own temperature (the exporter fitted it on validation)."""
+    from edge_sdk.bundle.materialized import open_slices
+
     rows = []
     manifest = read_manifest(bundle)
+    # either layout: files read and verified, or (store) materialised from the verified store
+    slices = open_slices(bundle, manifest)
     for c in manifest.configurations:
-        files = [(bundle / f.name).read_bytes() for f in c.files]
+        files = [slices[f.name] for f in c.files]
         logits = {k: slice_logits(files, c.scope, xs) for k, xs in eval_sets.items()}
         name = f"{method} {c.scope}" + ("" if c.scope == "point" else str(c.samples))
         rows.append(dict(method=name, width=c.width, bytes=sum(f.bytes for f in c.files),
