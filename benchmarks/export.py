@@ -2,7 +2,8 @@
 full-width point slice and the fp32 model, and the store route against the files route.
 
 Exports (``--out DIR``): ``DIR/store-point`` (layout store, point only), ``DIR/store-all``
-(layout store, point + head + all, S = 1 .. ``--samples``) and ``DIR/files-all`` (layout files,
+(layout store, point + head + all, S in ``--sample-counts``: default 1, 2, 4, .. and
+``--samples``) and ``DIR/files-all`` (layout files,
 point + head + all at S = ``--samples``: the version-1/2 per-slice files). Bundle bytes are
 every byte in the bundle directory (:func:`exporters.export.bundle_bytes`: store.bin +
 manifest.yaml + anything else). Prints and (``--md``) writes:
@@ -31,7 +32,7 @@ import torch
 from edge_sdk.bundle import read_manifest
 from edge_sdk.bundle.materialized import read_store
 from edge_sdk.store import materialize_file
-from exporters.export import ExportOptions, bundle_bytes, export_bundle
+from exporters.export import ExportOptions, bundle_bytes, export_bundle, sample_counts
 from exporters.measure import run_tflite
 from exporters.slice import make_slice, posterior_kind
 from exporters.tflite import export_point_slice
@@ -60,6 +61,9 @@ def main() -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--sample-counts", default=None,
+                   help="store-all's S values, e.g. 1,2,4,8 or all (default: the exporter's, "
+                        "powers of two up to --samples plus --samples)")
     p.add_argument("--ood-data", default=None)
     p.add_argument("--max-eval", type=int, default=None)
     p.add_argument("--measure", action="store_true", help="host latency and memory too")
@@ -72,8 +76,12 @@ def main() -> None:
     ck = args.checkpoint
     ckpt = ckpt_io.load_checkpoint(ck)
     kind = posterior_kind(ckpt)
+    counts = (None if args.sample_counts is None else args.sample_counts
+              if args.sample_counts == "all" else
+              [int(t) for t in args.sample_counts.split(",") if t.strip()])
     runs = {"store-point": dict(layout="store", scopes=("point",)),
-            "store-all": dict(layout="store", scopes=("point", "head", "all")),
+            "store-all": dict(layout="store", scopes=("point", "head", "all"),
+                              sample_counts=counts),
             "files-all": dict(layout="files", scopes=("point", "head", "all"))}
     wall = {}
     for name, kw in runs.items():
@@ -111,7 +119,8 @@ def main() -> None:
              f"(a)+(c) store, 4 widths, point only (PWFN, {uv} values)", "store-point",
              "<= 1.15x" + (" / <= 0.7x" if kind == "pwfn" and uv is not None and uv <= 32
                            else ""), ""),
-            (f"(b) store, 4 widths, point + head + all, S <= {args.samples}", "store-all",
+            ("(b) store, 4 widths, point + head + all, S = "
+             + ", ".join(map(str, sample_counts(args.samples, counts))), "store-all",
              "<= 1.6x", "<= 0.4x"),
             (f"files route, S = {args.samples} (version-2 style)", "files-all", "", "")]
     for text, n, goal, goal32 in rows:

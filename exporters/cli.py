@@ -13,6 +13,16 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
 
 
+def _sample_counts(text: str) -> str | list[int]:
+    if text.strip() == "all":
+        return "all"
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or comma-separated integers, got "
+                                         f"{text!r}")
+
+
 def _quiet_interpreter_log() -> None:
     """The exporters run LiteRT directly (exporters.measure): spend its once-per-process
     XNNPACK INFO line out of sight, as edge_sdk's backends do for the device commands."""
@@ -34,8 +44,12 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--widths", type=_floats, default=[0.25, 0.5, 0.75, 1.0])
     p.add_argument("--samples", type=int, default=8,
-                   help="posterior samples per width (store layout: S_max, every S in 1..S_max "
-                        "is a configuration)")
+                   help="posterior samples per width (S_max; store layout: the S in "
+                        "--sample-counts are configurations)")
+    p.add_argument("--sample-counts", type=_sample_counts, default=None,
+                   help="store layout: the S that get a head and an all configuration, e.g. "
+                        "1,2,4,8 (must include --samples), or 'all' for every S in 1..S_max "
+                        "(default: powers of two up to S_max, plus S_max)")
     p.add_argument("--layout", choices=["store", "files"], default="store",
                    help="store (default): one weight store, slices materialised on the device "
                         "(docs/store.md); files: one .tflite per slice, for apps outside Python")
@@ -67,6 +81,7 @@ def export_main(argv: list[str]) -> int:
 
     _quiet_interpreter_log()
     opts = ExportOptions(widths=args.widths, samples=args.samples,
+                         sample_counts=args.sample_counts,
                          scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
                          weights=args.weights, measure=not args.no_measure, force=args.force,
                          calib_data=args.calib_data, eval_data=args.eval_data,

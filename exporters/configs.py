@@ -6,7 +6,8 @@ host latency and memory (each distinct file measured once), and at the end the t
 cascade plans. :func:`store_width` adds one width of a ``layout: store`` bundle: every slice
 materialised from the store (:func:`edge_sdk.store.materialize`, the function the device runs),
 so each virtual file's sha256 is the hash of the bytes measured here, and S (posterior samples)
-a run-time choice: one head and one all configuration per S in 1 .. S_max.
+a run-time choice: one head and one all configuration per S in ``counts`` (by default
+1, 2, 4, ... and S_max: ``exporters.export.sample_counts``).
 """
 from __future__ import annotations
 
@@ -147,17 +148,20 @@ class Configurations:
 
 
 def store_width(out: Configurations, build, width: float, scopes: Sequence[str], s_max: int,
-                point_stats: tuple) -> dict:
+                point_stats: tuple, counts: Sequence[int] | None = None) -> dict:
     """Add width ``width``'s configurations of a store bundle to ``out``: point; head S and
-    all S for S in 1 .. S_max. Every file is materialised from ``build.store`` (the decoded
-    store the device will hold). Quality of all-S is that of the first S samples' files;
-    quality of head-S is the S_max head's first S rows: the stacked classifier is quantized per
+    all S for S in ``counts`` (default 1 .. S_max; must include S_max). Every file is
+    materialised from ``build.store`` (the decoded store the device will hold). Quality of
+    all-S is that of the first S samples' files; quality of head-S is the S_max head's first S rows: the stacked classifier is quantized per
     row, so head S's rows are bit for bit head S_max's first S (tests/exporters/test_store.py
     checks the logits), while each head-S file is materialised and measured (its sha256 and
     latency are its own). Returns the weight notes per scope."""
     wk = width_key(width)
     graph = build.graphs[wk]
     notes: dict[str, dict] = {}
+    counts = list(range(1, s_max + 1)) if counts is None else sorted(counts)
+    if ("head" in scopes or "all" in scopes) and (not counts or counts[-1] != s_max):
+        raise ValueError(f"sample counts {counts} must end at S_max = {s_max}")
 
     def made(scope: str, **kw) -> tuple[bytes, dict]:
         # materialize() is exactly write_tflite(materialize_graph(...)): the records too
@@ -177,9 +181,9 @@ def store_width(out: Configurations, build, width: float, scopes: Sequence[str],
                 out.ev.logits([buf], "point"), info, *point_stats,
                 recipes=[{"width": wk, "sample": None, "heads": 0}])
     if "head" in scopes:
-        heads = {s: made("head", heads=s) for s in range(1, s_max + 1)}
+        heads = {s: made("head", heads=s) for s in counts}
         full = out.ev.logits([heads[s_max][0]], "head")
-        for s in range(1, s_max + 1):
+        for s in counts:
             buf, info = heads[s]
             out.add(f"w{wk}-head{s}", width, "head", s, [f"w{wk}-head{s}.tflite"], [buf],
                     tuple(None if z is None else z[:s] for z in full), info,
@@ -189,7 +193,7 @@ def store_width(out: Configurations, build, width: float, scopes: Sequence[str],
         bufs = [b for b, _ in draws]
         full = out.ev.logits(bufs, "all")
         names = [f"w{wk}-s{i}.tflite" for i in range(s_max)]
-        for s in range(1, s_max + 1):
+        for s in counts:
             out.add(f"w{wk}-all{s}", width, "all", s, names[:s], bufs[:s],
                     tuple(None if z is None else z[:s] for z in full), draws[0][1],
                     recipes=[{"width": wk, "sample": i, "heads": 0} for i in range(s)])

@@ -8,7 +8,8 @@ Scopes per width (the exporter issue's "Posterior samples"):
 
 Layouts (issue 21, docs/store.md §1): ``store`` (the default) writes one weight store
 (:mod:`exporters.store`) and every slice is materialised from it by the device's own function,
-with S a run-time choice (a head and an all configuration per S in 1 .. S_max,
+with S a run-time choice (a head and an all configuration per S in
+``ExportOptions.sample_counts``, by default 1, 2, 4, ... and S_max,
 :func:`exporters.configs.store_width`); ``files`` writes one ``.tflite`` per file, S fixed.
 """
 from __future__ import annotations
@@ -41,7 +42,16 @@ from trainer.layers import BayesNestedLayer
 @dataclass
 class ExportOptions:
     widths: Sequence[float] = (0.25, 0.5, 0.75, 1.0)
-    samples: int = 8  # posterior samples per width for the head and all scopes
+    samples: int = 8  # posterior samples per width for the head and all scopes (S_max)
+    # which S get a head and an all configuration (store layout): None = the powers of two up
+    # to S_max plus S_max (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6), "all" = 1 .. S_max, or a list of
+    # integers in 1 .. S_max that includes S_max. Log-spaced by default: the all scope's latency
+    # grows linearly in S while quality saturates, so the run-time choice keeps its range at
+    # about half the manifest (issue 21, docs/store.md §7: 68 -> 36 configurations for 4 widths
+    # and S_max = 8; manifest 71,082 -> 45,667 B on Fashion-MNIST PWFN, bundle 1.72x -> 1.53x
+    # of the point slice; digits Gaussian 65,189 -> 40,915 B). The all scope's sample files
+    # (s0 .. s_{S_max-1}) are shared by every S anyway; head files exist for the listed S only.
+    sample_counts: Sequence[int] | str | None = None
     # point (+ temperature) only by default: measured on cifar10_dev and Fashion-MNIST (issue 17,
     # README "Results"), posterior samples added <= 0.6 pt OOD AUROC over the point slice at S x
     # the cost; ("point", "head", "all") exports the sampled scopes for an app that wants them
@@ -67,6 +77,33 @@ class ExportOptions:
     # where BN statistics are re-collected (auto = CUDA when available, else CPU)
     device: str = "auto"
     extra_source: dict = field(default_factory=dict)
+
+
+def sample_counts(s_max: int, counts: Sequence[int] | str | None = None) -> tuple[int, ...]:
+    """The S values that get a head and an all configuration (``ExportOptions.sample_counts``):
+    ``None`` the powers of two below ``s_max`` plus ``s_max``, ``"all"`` every S in 1 ..
+    ``s_max``, else the given integers (each in 1 .. ``s_max``, ``s_max`` included), sorted."""
+    if counts is None:
+        return tuple(sorted({1 << k for k in range(s_max.bit_length()) if 1 << k < s_max}
+                            | {s_max}))
+    if isinstance(counts, str):
+        if counts == "all":
+            return tuple(range(1, s_max + 1))
+        raise ConfigError(f"sample_counts must be 'all' or a list of integers in 1..{s_max}, "
+                          f"got {counts!r}")
+    try:
+        vals = list(counts)
+    except TypeError:
+        raise ConfigError(f"sample_counts must be 'all' or a list of integers in 1..{s_max}, "
+                          f"got {counts!r}") from None
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= s_max:
+            raise ConfigError(f"sample_counts: {v!r} is not an integer in 1..{s_max} "
+                              f"(S_max = samples = {s_max}), got {counts!r}")
+    if s_max not in vals:
+        raise ConfigError(f"sample_counts must include S_max = samples = {s_max} (its files "
+                          f"are the ones every S shares), got {counts!r}")
+    return tuple(sorted(set(vals)))
 
 
 def _codebook_stats(model, kind: str) -> tuple[int | None, float | None]:
@@ -124,6 +161,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
     if not isinstance(opts.samples, int) or opts.samples < 1:
         raise ConfigError(f"samples must be an integer >= 1 (posterior samples per width), got "
                           f"{opts.samples!r}")
+    sample_counts(opts.samples, opts.sample_counts)  # ConfigError naming a bad value
     if opts.layout not in B.BUNDLE_LAYOUTS:
         raise ConfigError(f"layout must be one of {', '.join(B.BUNDLE_LAYOUTS)}, got "
                           f"{opts.layout!r}")
@@ -253,7 +291,8 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
 
 def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
                   progress, extra: dict) -> tuple[dict, dict]:
-    """One weight store; every slice materialised from it (docs/store.md); S in 1 .. S_max."""
+    """One weight store; every slice materialised from it (docs/store.md); S in
+    ``opts.sample_counts``."""
     from edge_sdk import bundle as B
     from exporters.store import build_store
 
@@ -266,7 +305,9 @@ def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
     for w in bar:
         bar.set_postfix_str(f"width {w:g}")
         stats = _codebook_stats(model.truncate(w), kind) if "point" in opts.scopes else ()
-        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats))
+        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats,
+                                        counts=sample_counts(s_max, opts.sample_counts)
+                                        if s_max else ()))
     bar.close()
     name = "store.bin"
     extra.update(store=B.file_entry(name, build.data, B.StoreEntry).to_dict(),

@@ -19,7 +19,7 @@ from torch import nn
 torch.set_num_threads(1)
 
 from edge_sdk.bundle import check_slice, read_manifest  # noqa: E402
-from edge_sdk.errors import BundleError  # noqa: E402
+from edge_sdk.errors import BundleError, ConfigError  # noqa: E402
 from edge_sdk.store import NORMAL_BOUND, decode_store  # noqa: E402
 from edge_sdk.store.materialize import (decode_point, materialize, materialize_file,  # noqa: E402
                                         materialize_graph, sample_weights)
@@ -305,6 +305,61 @@ def test_head_s_logits_are_the_first_s_rows_of_head_s_max(bundles, data):
             got = run_tflite(materialize_file(store, m, c, 0), x)
             assert got.shape == (len(x), k, 10)
             assert np.abs(got - rows[:, :k]).max() <= 1e-5 * np.abs(rows).max()
+
+
+def test_sample_counts_default_is_powers_of_two_plus_s_max():
+    from exporters.export import sample_counts
+
+    assert sample_counts(8) == (1, 2, 4, 8)
+    assert sample_counts(6) == (1, 2, 4, 6)
+    assert sample_counts(1) == (1,) and sample_counts(2) == (1, 2)
+    assert sample_counts(8, "all") == tuple(range(1, 9))
+    assert sample_counts(8, [8, 2, 1]) == (1, 2, 8)
+
+
+def test_cli_sample_counts_option():
+    import argparse
+
+    from exporters.cli import _sample_counts
+
+    assert _sample_counts("1,2,4,8") == [1, 2, 4, 8] and _sample_counts("all") == "all"
+    with pytest.raises(argparse.ArgumentTypeError, match="'1,x'"):
+        _sample_counts("1,x")
+
+
+def _head_all_ids(m, w):
+    return {sc: [c.samples for c in m.configurations if c.width == w and c.scope == sc]
+            for sc in ("head", "all")}
+
+
+@pytest.mark.parametrize("counts, want", [(None, [1, 2, 4]), ("all", [1, 2, 3, 4])])
+def test_store_bundle_has_a_configuration_per_listed_sample_count(checkpoints, workdir,
+                                                                  counts, want):
+    """S_max = 4: by default head and all configurations for S = 1, 2, 4 only (head files for
+    those S only), with "all" every S in 1..4; the all scope's sample files s0..s3 either way."""
+    out = workdir / f"counts-{counts}"
+    export_bundle(checkpoints["gaussian"], out, ExportOptions(
+        widths=WIDTHS, samples=4, sample_counts=counts, scopes=["head", "all"], measure=False,
+        max_eval=10), **QUIET)
+    m = read_manifest(out, verify=True)
+    for w in WIDTHS:
+        assert _head_all_ids(m, w) == {"head": want, "all": want}
+        c = m.configuration(f"w{w:.2f}-all4")
+        assert [f.name for f in c.files] == [f"w{w:.2f}-s{i}.tflite" for i in range(4)]
+        assert m.configuration(f"w{w:.2f}-head{want[-2]}").files[0].name == \
+            f"w{w:.2f}-head{want[-2]}.tflite"
+    assert len(m.configurations) == 2 * len(WIDTHS) * len(want)
+
+
+@pytest.mark.parametrize("counts, named", [([1, 2, 9], "9"), ([1, 2], "include S_max"),
+                                           ([0, 8], "0"), ("some", "'some'"), ([1.5, 8], "1.5")])
+def test_a_bad_sample_counts_list_is_refused_naming_it(workdir, counts, named):
+    """Refused before anything is read or written (the checkpoint need not exist)."""
+    out = workdir / "bad-counts"
+    with pytest.raises(ConfigError, match="sample_counts") as e:
+        export_bundle(workdir / "no-such.pt", out, ExportOptions(
+            samples=8, sample_counts=counts, scopes=["head"], measure=False), **QUIET)
+    assert named in str(e.value) and not out.exists()
 
 
 def test_a_store_bundle_with_a_flipped_bit_is_refused(bundles, workdir):
