@@ -13,8 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 torch.set_num_threads(1)
 
@@ -29,6 +27,7 @@ from exporters.slice import make_slice, posterior_kind  # noqa: E402
 from exporters.store import build_store, encode_sigma  # noqa: E402
 from exporters.tflite import export_point_slice  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
+from user_nets import ConcatNet  # noqa: E402
 from trainer.config import config_from_dict, load_config  # noqa: E402
 from trainer.data import load_data, nhwc_inputs  # noqa: E402
 from trainer.evaluate import batches  # noqa: E402
@@ -239,8 +238,6 @@ def test_a_samples_batch_norm_is_recollected_on_the_weights_the_device_draws(sto
     _, model, build = stores["gaussian"]
     calib, x, _ = data
     layers = _layers(model)
-    dev = {n: torch.from_numpy(decode_point(build.store, n)) for n in layers}
-    base = make_slice(model, 1.0, calib, dev)  # noqa: F841 (the decoded point network exists)
 
     def torch_logits(sample):
         ws = {n: torch.from_numpy(sample_weights(build.store, n, sample)) for n in layers}
@@ -384,24 +381,7 @@ def test_files_layout_writes_version_3_tflite_files(checkpoints, workdir):
 
 
 # ------------------------------------------------------------------------------ trainer.nest
-class _Cat(nn.Module):
-    """Two nested branches concatenated (one ReLU6: its rescale folds forward), then a conv
-    reading both segments at their offsets (tests/trainer/test_nest.py's network)."""
 
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 16, 3, padding=1)
-        self.a = nn.Conv2d(16, 16, 3, padding=1)
-        self.bn_a = nn.BatchNorm2d(16)
-        self.b = nn.Conv2d(16, 32, 1)
-        self.mix = nn.Conv2d(48, 32, 3, padding=1)
-        self.fc = nn.Linear(32 * 4, 10)
-
-    def forward(self, x):
-        y = F.relu(self.stem(x))
-        y = torch.cat([F.relu6(self.bn_a(self.a(y))), F.relu(self.b(y))], 1)
-        y = F.relu(self.mix(F.max_pool2d(y, 2)))
-        return self.fc(torch.flatten(F.avg_pool2d(y, 2), 1))
 
 
 def test_a_nested_concat_network_materialises_like_its_truncation():
@@ -411,7 +391,7 @@ def test_a_nested_concat_network_materialises_like_its_truncation():
     from trainer.nesting import nest
 
     torch.manual_seed(0)
-    model = nest(_Cat(), groups=4).eval()
+    model = nest(ConcatNet(), groups=4).eval()
     randomise(model, 2)
     gen = torch.Generator().manual_seed(1)
     calib = [(torch.randn(16, 3, 8, 8, generator=gen), torch.zeros(16)) for _ in range(2)]

@@ -8,6 +8,7 @@ from torch import nn
 
 from edge_sdk.errors import ConfigError
 from support import randomise
+from user_nets import ConcatNet
 from trainer.models.plain import ResNet20Cifar
 from trainer.nesting import nest, pick_groups
 
@@ -177,29 +178,12 @@ def test_depthwise_follows_its_input_unit_and_relu6_folds_forward():
     assert L(cut.body, "features.3.conv.1.0").out_scale is None  # not folded backwards
 
 
-class _Cat(nn.Module):
-    """Two nested branches concatenated (one ReLU6: its rescale folds forward through the cat and
-    a max pool), then a conv that reads both segments at their offsets."""
 
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 16, 3, padding=1)
-        self.a = nn.Conv2d(16, 16, 3, padding=1)
-        self.bn_a = nn.BatchNorm2d(16)
-        self.b = nn.Conv2d(16, 32, 1)
-        self.mix = nn.Conv2d(48, 32, 3, padding=1)
-        self.fc = nn.Linear(32 * 4, 10)
-
-    def forward(self, x):
-        y = F.relu(self.stem(x))
-        y = torch.cat([F.relu6(self.bn_a(self.a(y))), F.relu(self.b(y))], 1)
-        y = F.relu(self.mix(F.max_pool2d(y, 2)))
-        return self.fc(torch.flatten(F.avg_pool2d(y, 2), 1))
 
 
 def test_a_concatenation_keeps_each_branch_unit_and_offset():
     torch.manual_seed(0)
-    model = nest(_Cat(), groups=4).double().eval()
+    model = nest(ConcatNet(), groups=4).double().eval()
     randomise(model, 2)
     segs = model.body.mix.in_segments
     assert [(s[1], s[2]) for s in segs] == [(16, True), (32, False)]
@@ -218,7 +202,7 @@ def test_the_training_loop_runs_a_nested_user_network():
     """Sampled masks in train mode and a fixed narrow width (the sandwich pass, which computes
     only kept channels, concatenated segments included) both train."""
     torch.manual_seed(0)
-    for make in (_Cat, ResNet20Cifar):
+    for make in (ConcatNet, ResNet20Cifar):
         model = nest(make(), groups=4).train()
         x = torch.randn(4, 3, 8, 8)
         loss = model(x).logsumexp(1).mean() + model.weight_kl() * 1e-4 + model.ordering_kl()
