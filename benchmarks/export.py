@@ -30,26 +30,21 @@ import numpy as np
 import torch
 
 from edge_sdk.bundle import read_manifest
-from edge_sdk.bundle.materialized import read_store
-from edge_sdk.store import materialize_file
+from edge_sdk.bundle.materialized import open_slices
 from exporters.export import ExportOptions, bundle_bytes, export_bundle, sample_counts
 from exporters.measure import run_tflite
 from exporters.slice import make_slice, posterior_kind
 from exporters.tflite import export_point_slice
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict
-from trainer.data import load_data, load_ood, nhwc_inputs
+from trainer.data import load_data, nhwc_inputs
 from trainer.evaluate import batches
 
 
 def _point_logits(bundle: Path, manifest, config_id: str, xs: np.ndarray) -> np.ndarray:
+    # either layout through the runtime's slice source: read or materialised, sha256-verified
     c = manifest.configuration(config_id)
-    if manifest.is_store:
-        buf = materialize_file(read_store(bundle, manifest), manifest, c, 0)
-        assert buf and len(buf) == c.files[0].bytes
-    else:
-        buf = (bundle / c.files[0].name).read_bytes()
-    return run_tflite(buf, xs)[:, 0]
+    return run_tflite(open_slices(bundle, manifest)[c.files[0].name], xs)[:, 0]
 
 
 def _pt(a: float | None, b: float | None) -> str:
