@@ -86,9 +86,10 @@ class _Record:
     """Frozen-dataclass mixin: validate and normalise on construction, dict round trip.
 
     Subclasses implement ``_parse(values, path) -> normalised values``; it raises
-    :class:`BundleError` naming ``path`` plus the key. ``from_dict`` calls it with the real
-    dotted path; ``__post_init__`` runs it again (with the class name as the path) so a record
-    constructed directly in Python is held to the same rules.
+    :class:`BundleError` naming ``path`` plus the key. ``from_dict`` calls it once with the real
+    dotted path and builds the record from its output without running it again;
+    ``__post_init__`` runs it (with the class name as the path) so a record constructed
+    directly in Python is held to the same rules.
     """
 
     def __post_init__(self) -> None:
@@ -122,7 +123,14 @@ class _Record:
                 values[f.name] = f.default_factory()
             else:
                 fail(join(path, f.name), "missing required key")
-        return cls(**cls._parse(values, path))
+        values.update(cls._parse(values, path))
+        # Already validated and normalised: set the fields directly instead of cls(**values),
+        # whose __post_init__ would parse everything a second time (a large store manifest
+        # spent half its load time there).
+        record = object.__new__(cls)
+        for name, value in values.items():
+            object.__setattr__(record, name, value)
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (dicts, lists, scalars) in schema key order; a deep copy."""
