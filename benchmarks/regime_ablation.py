@@ -67,6 +67,8 @@ VARIANTS.update({
     "recipe+bs256": _RECIPE + ["train.batch_size=256", "train.lr=0.1"],  # linear lr scaling
     "recipe+g16": _RECIPE + ["model.groups=16", "model.frozen=2"],  # same 1/8 always kept
     "recipe-distill": _RECIPE + ["train.distill=false"],
+    # at 32x32 the VGG11 plan ends at 1x1: no hidden dense layer = GAP into the classifier
+    "recipe+gap": _RECIPE + ["model.kwargs.hidden=0"],
 })
 
 

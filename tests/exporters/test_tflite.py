@@ -24,6 +24,7 @@ CASES = {
     "nested_cnn_small": ({}, (8, 8, 1)),
     "nested_cnn_small@28": ({"input_size": 28}, (28, 28, 1)),
     "nested_vgg": ({"width_mult": 0.25}, (32, 32, 3)),
+    "nested_vgg@gap": ({"width_mult": 0.25, "hidden": 0}, (32, 32, 3)),  # no hidden dense layer
     "nested_mobilenetv2": ({"width_mult": 0.5}, (32, 32, 3)),
     # issue 20's registry: nest(...) of plain definitions
     "resnet20_cifar": ({"residual": "stage", "nest_stem": True}, (32, 32, 3)),

@@ -17,6 +17,7 @@ CASES = {
     "nested_cnn_small": ({}, (1, 8, 8), 10),
     "nested_cnn_small@28": ({"input_size": 28}, (1, 28, 28), 5),
     "nested_vgg": ({"width_mult": 0.25}, (3, 32, 32), 3),
+    "nested_vgg@gap": ({"width_mult": 0.25, "hidden": 0}, (3, 32, 32), 3),
     "nested_mobilenetv2": ({"width_mult": 0.5}, (3, 32, 32), 3),
     # issue 20's registry: nest(...) of plain definitions
     "resnet20_cifar": ({}, (3, 32, 32), 3),
@@ -27,6 +28,18 @@ CASES = {
 
 def test_every_registered_model_is_covered():
     assert {k.split("@")[0] for k in CASES} == set(list_models())
+
+
+def test_vgg_without_hidden_layer_reads_the_features_directly():
+    # hidden=0: the classifier takes the last conv's (1x1) features: no hidden dense layer
+    with_fc = create_model("nested_vgg", width_mult=0.25)
+    gap = create_model("nested_vgg", width_mult=0.25, hidden=0)
+    last_conv = [m for m in gap.features if isinstance(m, BayesNestedConv2d)][-1]
+    assert isinstance(gap.fc, torch.nn.Identity)
+    assert gap.classifier.weight_mu.shape == (10, last_conv.weight_mu.shape[0])
+    assert len(gap.orderings()) == len(with_fc.orderings()) - 1
+    with pytest.raises(ConfigError, match="hidden must be >= 0"):
+        create_model("nested_vgg", hidden=-1)
 
 
 _models = {}

@@ -20,7 +20,11 @@ _CFGS = {
 
 class NestedVGG(NestedModel):
     """As in BN³ App. 9.1 the first conv (basic feature extraction) and the classifier are
-    Bayesian but not nested; every other conv and the hidden dense layer are nested."""
+    Bayesian but not nested; every other conv and the hidden dense layer are nested.
+
+    ``hidden=0`` drops the hidden dense layer: the classifier reads the last conv's features
+    directly (at 32x32 the VGG plans end at 1x1, so this is global average pooling into the
+    classifier -- issue 17's "GAP head" ablation, at ~the same MACs)."""
 
     def __init__(self, plan: list, in_channels: int, input_size: int, hidden: int,
                  num_classes: int, groups: int, frozen: int, prior_pi: float, init_mubar: float,
@@ -40,11 +44,18 @@ class NestedVGG(NestedModel):
         if size < 1:
             raise ConfigError(f"input_size {input_size} is too small for {len(plan)} VGG stages")
         self.features = nn.Sequential(*layers)
-        u = DownhillOrdering(groups, frozen, prior_pi, init_mubar)
-        self.fc = BayesNestedLinear(channels * size * size, hidden, ordering=u, batch_norm=True,
-                                    log_alpha_init=log_alpha_init).follows(prev_unit, size * size)
-        self.classifier = BayesNestedLinear(hidden, num_classes, activation=None,
-                                            log_alpha_init=log_alpha_init).follows(u)
+        if hidden:
+            u = DownhillOrdering(groups, frozen, prior_pi, init_mubar)
+            self.fc = BayesNestedLinear(channels * size * size, hidden, ordering=u,
+                                        batch_norm=True, log_alpha_init=log_alpha_init
+                                        ).follows(prev_unit, size * size)
+            self.classifier = BayesNestedLinear(hidden, num_classes, activation=None,
+                                                log_alpha_init=log_alpha_init).follows(u)
+        else:
+            self.fc = nn.Identity()
+            self.classifier = BayesNestedLinear(channels * size * size, num_classes,
+                                                activation=None, log_alpha_init=log_alpha_init
+                                                ).follows(prev_unit, size * size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.fc(torch.flatten(self.features(x), 1)))
@@ -57,6 +68,9 @@ def nested_vgg(num_classes: int = 10, in_channels: int = 3, input_size: int = 32
                log_alpha_init: float = -4.0) -> NestedVGG:
     if depth not in _CFGS:
         raise ConfigError(f"nested_vgg depth must be one of {sorted(_CFGS)}, got {depth!r}")
+    if hidden < 0:
+        raise ConfigError(f"nested_vgg hidden must be >= 0 (0 = no hidden dense layer), got {hidden}")
     plan = [x if x == "M" else round_channels(x * width_mult, groups) for x in _CFGS[depth]]
-    return NestedVGG(plan, in_channels, input_size, round_channels(hidden * width_mult, groups),
+    hidden = round_channels(hidden * width_mult, groups) if hidden else 0
+    return NestedVGG(plan, in_channels, input_size, hidden,
                      num_classes, groups, frozen, prior_pi, init_mubar, log_alpha_init)
