@@ -1,13 +1,27 @@
-"""The store's sigma codebook (issue 21, docs/store.md §2): how many bits per weight sigma needs.
+"""The store's sigma coding (issue 21, docs/store.md §2): how many bits per weight sigma needs.
 
-For each ``--bits`` value the Gaussian/PWFN posterior's sigma is put on a per-layer codebook of
-2**bits log-spaced values (exporters.store.encode_sigma) and S whole networks are drawn with the
-device's sampler (edge_sdk.store.sampler, the same eps for every setting), batch norm
-re-collected per sample, and the S-sample ensemble measured on the test split (torch eval, the
-point of comparison being the exact float32 sigma with the same eps). Prints one row per
-setting: sigma bytes in the store, accuracy, NLL, ECE and mean mutual information.
+Each ``--codings`` setting puts every layer's Gaussian/PWFN sigma on a per-layer codebook
+(exporters.sigma_code) and S whole networks are drawn with the device's sampler
+(edge_sdk.store.sampler: ``mu_dec + sigma * eps``, the same eps for every setting, mu_dec the
+store's decoded point weights), batch norm re-collected per sample, and the S-sample ensemble
+measured on the test split (torch eval; the reference is the exact float32 sigma with the same
+eps). Settings:
 
-    python benchmarks/store_sigma.py --checkpoint runs/demo/train/checkpoint.pt [--samples 8]
+    v2:B       the version-2 coding: 2**B log-spaced values of sigma (exporters.store.encode_sigma)
+    abs:B      absolute, a 2**B-level Lloyd-Max codebook of log sigma (cells' mean log;
+               absr:B the cells' RMS)
+    rel:B      relative, a 2**B-level Lloyd-Max codebook of log(sigma / max(|mu_dec|, step/2))
+               (relr:B the cells' RMS)
+    auto:T     what the exporter stores (exporters.sigma_code.code_sigma): per layer the
+               relative coding at 0 or 1 bits if its RMS log error is <= T (default 0.15),
+               else v2:4
+
+Prints per setting and seed set: sigma bytes (indices + codebooks), the bits per layer, accuracy,
+NLL, ECE and mean mutual information, then per setting the mean over seed sets and the MI
+change against float32 (paired: the same eps).
+
+    python benchmarks/store_sigma.py --checkpoint runs/demo/train/checkpoint.pt \
+        --codings v2:4,v2:3,rel:3,rel:2,auto:0.12 --seeds 0,100,200
 """
 from __future__ import annotations
 
@@ -18,7 +32,8 @@ import torch
 
 from edge_sdk import metrics as M
 from edge_sdk.store import normal, stream_id
-from edge_sdk.store.materialize import decode_point, sample_seed, sample_weights
+from edge_sdk.store.materialize import decode_point, sigma_reference
+from exporters.sigma_code import absolute_code, code_sigma, encode_sigma, relative_code
 from exporters.slice import make_slice, posterior_kind
 from exporters.store import build_store
 from trainer import checkpoint as ckpt_io
@@ -28,15 +43,39 @@ from trainer.evaluate import batches
 from trainer.layers import BayesNestedLayer
 
 
+def coded(setting: str, sig: np.ndarray, mu: np.ndarray, step: np.ndarray):
+    """(decoded sigma float32 flat, index bits, bytes) of one layer under ``setting``."""
+    kind, _, arg = setting.partition(":")
+    if kind == "float32":
+        return sig.reshape(-1).astype(np.float32), 32, 4 * sig.size
+    if kind == "v2":
+        book, idx = encode_sigma(sig, int(arg))
+        bits = (book.size - 1).bit_length()
+        return book[idx], bits, (bits * sig.size + 7) // 8 + 4 * book.size
+    centre = "rms" if kind.endswith("r") else "geo"
+    if kind in ("abs", "absr"):
+        c = absolute_code(sig, int(arg), centre)
+    elif kind in ("rel", "relr"):
+        c = relative_code(sig, mu, step, int(arg), centre)
+    elif kind == "auto":
+        c = code_sigma(sig, mu, step, bits=4, rel_tol=float(arg))
+    else:
+        raise SystemExit(f"unknown setting {setting!r}")
+    ref = sigma_reference(mu, step) if c.coding == "relative" else None
+    return c.decode(ref), c.bits, (c.bits * sig.size + 7) // 8 + 4 * c.book.size
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--width", type=float, default=1.0)
-    p.add_argument("--bits", default="1,2,3,4,6,8")
+    p.add_argument("--codings", default="v2:4,v2:3,rel:3,rel:2,auto:0.12")
+    p.add_argument("--seeds", default="0,100,200", help="seed sets (sample s: seed + s)")
     p.add_argument("--max-eval", type=int, default=2000)
+    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     ckpt = ckpt_io.load_checkpoint(args.checkpoint)
     kind = posterior_kind(ckpt)
     cfg = config_from_dict(ckpt["config"])
@@ -46,44 +85,51 @@ def main() -> None:
     calib = batches(data.train, min(cfg.data.calib_samples, 1024), cfg.seed, batch=256)
     x, y = nhwc_inputs(data.test, args.max_eval)
     xt = torch.from_numpy(x).permute(0, 3, 1, 2)
-    names = [n for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)]
-    print(f"{args.checkpoint} ({kind}), width {args.width:g}, S = {args.samples}, "
-          f"{len(y)} test samples")
-    print(f"{'sigma':>8}{'KiB':>9}{'acc':>8}{'nll':>8}{'ece':>8}{'MI':>9}")
-
-    def row(label, kib, draws):
-        probs = []
-        for ws in draws:
-            sl = make_slice(model, args.width, calib, ws)
-            with torch.no_grad():
-                probs.append(torch.softmax(sl(xt).double(), -1).numpy())
-        probs = np.stack(probs)
-        mean = probs.mean(0)
-        s = M.summarize(mean, y)
-        mi = float(M.mutual_information(probs).mean())
-        print(f"{label:>8}{kib:>9.1f}{s['accuracy']:>8.4f}{s['nll']:>8.4f}{s['ece']:>8.4f}"
-              f"{mi:>9.5f}")
-
-    build = None
-    for bits in [int(b) for b in args.bits.split(",")]:
-        build = build_store(model, ckpt, kind, [args.width], calib, list(spec.shape),
-                            samples=args.samples, sigma_bits=bits)
-        kib = sum(a.nbytes for k, a in build.store.arrays.items() if "/sigma_" in k) / 1024
-        row(f"{bits} bit", kib, [{n: torch.from_numpy(sample_weights(build.store, n, s))
-                                  for n in names} for s in range(args.samples)])
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
+    store = build_store(model, ckpt, kind, [args.width], calib, list(spec.shape)).store
     post = ckpt.get("posterior") or {}
-    layers = dict(model.named_modules())
-    exact = []
-    for s in range(args.samples):
-        ws = {}
-        for n in names:
-            mu = decode_point(build.store, n)
-            sig = (post["tensors"][f"{n}.weight"]["sigma"] if kind == "pwfn"
-                   else layers[n].weight_sigma).detach().numpy().astype(np.float32)
-            eps = normal(sample_seed(build.store.index, s), stream_id(n), mu.size)
-            ws[n] = torch.from_numpy((mu.reshape(-1) + sig.reshape(-1) * eps).reshape(mu.shape))
-        exact.append(ws)
-    row("float32", sum(4 * layers[n].weight_mu.numel() for n in names) / 1024, exact)
+    mu = {n: decode_point(store, n) for n in layers}
+    step = {n: np.asarray(store.array(f"{n}/step"), np.float32) for n in layers}
+    sig = {n: (post["tensors"][f"{n}.weight"]["sigma"] if kind == "pwfn"
+               else layers[n].weight_sigma).detach().cpu().numpy().astype(np.float32)
+           for n in layers}
+    seeds = [int(v) for v in args.seeds.split(",")]
+    settings = ["float32"] + [s for s in args.codings.split(",") if s]
+    print(f"{args.checkpoint} ({kind}), width {args.width:g}, S = {args.samples}, "
+          f"{len(y)} test samples, seed sets {seeds}", flush=True)
+    print(f"{'sigma':>11}{'seed':>6}{'KiB':>8}  {'bits per layer':<16}{'acc':>8}{'nll':>8}"
+          f"{'ece':>8}{'MI':>9}", flush=True)
+    res: dict[str, list] = {s: [] for s in settings}
+    for seed in seeds:
+        eps = {n: [normal(seed + s, stream_id(n), mu[n].size) for s in range(args.samples)]
+               for n in layers}
+        for setting in settings:
+            got = {n: coded(setting, sig[n], mu[n], step[n]) for n in layers}
+            probs = []
+            for s in range(args.samples):
+                ws = {n: torch.from_numpy((mu[n].reshape(-1) + got[n][0] * eps[n][s])
+                                          .astype(np.float32).reshape(mu[n].shape))
+                      for n in layers}
+                sl = make_slice(model, args.width, calib, ws)
+                with torch.no_grad():
+                    probs.append(torch.softmax(sl(xt).double(), -1).numpy())
+            probs = np.stack(probs)
+            m = M.summarize(probs.mean(0), y)
+            mi = float(M.mutual_information(probs).mean())
+            kib = sum(g[2] for g in got.values()) / 1024
+            bits = "/".join(str(g[1]) for g in got.values())
+            res[setting].append((m["accuracy"], m["nll"], m["ece"], mi))
+            print(f"{setting:>11}{seed:>6}{kib:>8.1f}  {bits:<16}{m['accuracy']:>8.4f}"
+                  f"{m['nll']:>8.4f}{m['ece']:>8.4f}{mi:>9.5f}", flush=True)
+    print("mean over seed sets; MI change vs float32 per seed set (paired)")
+    ref = np.array(res["float32"])
+    for setting in settings:
+        r = np.array(res[setting])
+        d = 100 * (r[:, 3] / ref[:, 3] - 1)
+        print(f"{setting:>11}  acc {r[:, 0].mean():.4f} nll {r[:, 1].mean():.4f} "
+              f"(d {np.mean(r[:, 1] - ref[:, 1]):+.4f}) ece {r[:, 2].mean():.4f} "
+              f"(d {np.mean(r[:, 2] - ref[:, 2]):+.4f}) MI {r[:, 3].mean():.5f} "
+              f"dMI {' '.join(f'{v:+.1f}%' for v in d)} (mean {d.mean():+.1f}%)")
 
 
 if __name__ == "__main__":

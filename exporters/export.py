@@ -63,6 +63,10 @@ class ExportOptions:
     # sigma on a per-layer codebook of 2**sigma_bits log-spaced values (store layout, sampled
     # scopes): 4 bits measured within noise of exact sigma (README "Store", docs/store.md §2)
     sigma_bits: int = 4
+    # a layer's sigma relative to its decoded weight (sigma / max(|mu|, step/2): sqrt(alpha))
+    # on a 0- or 1-bit codebook where that is within this RMS log error, else the 4-bit
+    # absolute codebook (exporters.sigma_code; docs/store.md §2, §7); None: always absolute
+    sigma_rel_tol: float | None = 0.15
     targets: Sequence[float] = (0.9, 0.95, 0.99)  # accuracies the thresholds are fitted for
     # accuracy a two-stage cascade may give up against always running the wider configuration
     # (validation); 0.2 pt keeps the test-set loss inside the 0.3 pt the runtime issue asks for
@@ -299,7 +303,7 @@ def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
     s_max = opts.samples if sampled else 0
     build = build_store(model, ckpt, kind, widths, calib, shape, samples=s_max,
                         seed=opts.seed, weights=opts.weights, sigma_bits=opts.sigma_bits,
-                        device=device)
+                        sigma_rel_tol=opts.sigma_rel_tol, device=device)
     weight_notes: dict = {}
     bar = _bar(widths, progress)
     for w in bar:

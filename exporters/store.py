@@ -25,6 +25,7 @@ from edge_sdk.store import SAMPLER, Store, bits_for, decode_store, encode_store,
 from edge_sdk.store.materialize import STORE_INDEX_VERSION, decode_point, sample_weights
 from edge_sdk.store.quant import quantize_per_channel
 from exporters.fold import fold_affine
+from exporters.sigma_code import REL_TOL, code_sigma, encode_sigma
 from exporters.slice import classifier_name, make_slice
 from exporters.tflite import lower_point_slice
 from trainer.layers import BayesNestedLayer
@@ -62,36 +63,6 @@ def _codebook(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return book, np.searchsorted(book, values.astype(np.float32)), bits_for(max(book.size, 1))
 
 
-def encode_sigma(sigma: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """sigma on a per-layer codebook of ``2**bits`` float32 values, log-spaced from the layer's
-    smallest to its largest positive sigma (one entry is 0 when some sigma is 0: PWFN's fixed
-    singletons), each weight taking the nearest entry in log space. (codebook, indices)."""
-    s = np.asarray(sigma, np.float64).reshape(-1)
-    if not np.isfinite(s).all() or (s < 0).any():
-        raise ConfigError("posterior sigma must be finite and >= 0")
-    k = 1 << bits
-    pos = s[s > 0]
-    zero = bool((s == 0).any())
-    if pos.size == 0:
-        return np.zeros(1, np.float32), np.zeros(s.size, np.int64)
-    lo, hi = float(pos.min()), float(pos.max())
-    n = max(k - int(zero), 1)
-    book = np.exp(np.linspace(np.log(lo), np.log(hi), n)) if n > 1 and hi > lo else \
-        np.full(1, np.sqrt(lo * hi))
-    book = book.astype(np.float32)
-    if hi > lo and n > 1:
-        pos_idx = np.rint((np.log(np.maximum(s, lo)) - np.log(lo)) / (np.log(hi) - np.log(lo))
-                          * (n - 1)).astype(np.int64)
-    else:
-        pos_idx = np.zeros(s.size, np.int64)
-    if zero:
-        book = np.concatenate([[0.0], book]).astype(np.float32)
-        idx = np.where(s == 0, 0, pos_idx + 1)
-    else:
-        idx = pos_idx
-    return book, idx
-
-
 def sqs_categorical(t: dict, tau: float, book: np.ndarray) -> dict:
     """One SQS tensor's categorical over its window's codebook entries (eq. 9 at sampling
     temperature ``tau``), in the store's sparse form (docs/store.md §2): per non-zero weight
@@ -125,7 +96,8 @@ def sqs_categorical(t: dict, tau: float, book: np.ndarray) -> dict:
 
 
 def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | None,
-                  sampled: bool, sigma_bits: int) -> tuple[dict, dict[str, np.ndarray]]:
+                  sampled: bool, sigma_bits: int, sigma_rel_tol: float | None
+                  ) -> tuple[dict, dict[str, np.ndarray]]:
     """(index entry, arrays) of one layer's point weights and sampler."""
     mu = layer.weight_mu.detach().cpu().numpy().astype(np.float32)
     shape = list(mu.shape)
@@ -137,6 +109,8 @@ def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | No
         arrays[f"{name}/codes"] = qt.values
         entry.update(encoding="int8", bits=8, route="int8")
         step = qt.scale
+        mu_dec = qt.values.astype(np.float32) * step.astype(np.float32).reshape(
+            (-1,) + (1,) * (mu.ndim - 1))  # decode_point's arithmetic
     else:
         sqs = posterior == "sqs"
         if sqs:
@@ -159,6 +133,7 @@ def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | No
         qt = quantize_per_channel(mu, 0, pow2_step=True)
         entry.update(bits=bits, route="int8" if qt.exact else "float")
         step = qt.scale
+        mu_dec = mu  # the codebook holds the float32 values themselves
     arrays[f"{name}/step"] = step.astype(np.float32)
     entry["sampler"] = "none"
     if sampled and posterior == "sqs":
@@ -176,11 +151,13 @@ def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | No
             sigma = post["tensors"][f"{name}.weight"]["sigma"].detach().cpu().numpy()
         else:
             sigma = layer.weight_sigma.detach().cpu().numpy()
-        book_s, idx_s = encode_sigma(sigma, sigma_bits)
-        bits_s = bits_for(book_s.size)
-        arrays[f"{name}/sigma_codebook"] = book_s
-        arrays[f"{name}/sigma_index"] = _packed(idx_s, bits_s)
-        entry.update(sampler="normal", sigma_bits=bits_s)
+        code = code_sigma(sigma, mu_dec, step.astype(np.float32), bits=sigma_bits,
+                          rel_tol=sigma_rel_tol)
+        arrays[f"{name}/sigma_codebook"] = code.book
+        arrays[f"{name}/sigma_index"] = _packed(code.idx, code.bits)
+        entry.update(sampler="normal", sigma_bits=code.bits)
+        if code.coding == "relative":  # absent: absolute (every version-2 store)
+            entry["sigma_coding"] = "relative"
     return entry, arrays
 
 
@@ -202,23 +179,28 @@ def _folds(sl, names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]
 
 def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Sequence,
                 input_shape: Sequence[int], *, samples: int = 0, seed: int = 0,
-                weights: str = "dequantize", sigma_bits: int = 4, device=None,
-                log=print) -> StoreBuild:
+                weights: str = "dequantize", sigma_bits: int = 4,
+                sigma_rel_tol: float | None = REL_TOL, device=None, log=print) -> StoreBuild:
     """The store of ``model`` (a checkpoint's full nested model) for ``widths`` (snapped) and
     ``samples`` posterior samples (0: point only, no sampler data). ``calib``: the batches
     batch norms are re-collected on; ``input_shape``: NHWC of one sample."""
     layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
     post = dict(ckpt.get("posterior") or {}, kind=kind)
     sampled = samples > 0
-    index: dict = {"version": STORE_INDEX_VERSION, "sampler": SAMPLER, "posterior": kind,
+    # version 2 unless a layer's sigma is relative (STORE_INDEX_VERSION 3): the lowest version
+    # that says what the store holds, so a store without one still reads on a version-2 device
+    index: dict = {"version": 2, "sampler": SAMPLER, "posterior": kind,
                    "seed": int(seed) & 0xFFFFFFFF, "weights": weights,
                    "classifier": classifier_name(model), "samples": int(samples),
                    "layers": {}, "widths": {}}
     arrays: dict[str, np.ndarray] = {}
     for name, layer in layers.items():
-        entry, arr = _layer_arrays(name, layer, _kind(layer), post, sampled, sigma_bits)
+        entry, arr = _layer_arrays(name, layer, _kind(layer), post, sampled, sigma_bits,
+                                   sigma_rel_tol)
         index["layers"][name] = {"kind": _kind(layer), **entry}
         arrays.update(arr)
+    if any(L.get("sigma_coding") for L in index["layers"].values()):
+        index["version"] = STORE_INDEX_VERSION  # a version-2 reader would take it as absolute
     partial = Store(index, arrays)
     dev_model = _device_model(model, partial, layers)
     draws = [{n: torch.from_numpy(sample_weights(partial, n, s)) for n in layers}

@@ -25,7 +25,7 @@ import numpy as np
 from edge_sdk.bundle import Manifest, StoreEntry, file_entry, write_bundle
 from edge_sdk.graph import Graph, Op, Tensor
 from edge_sdk.store import encode_store, pack_bits
-from edge_sdk.store.materialize import STORE_INDEX_VERSION, materialize
+from edge_sdk.store.materialize import materialize
 from edge_sdk.store.sampler import SAMPLER
 
 S_MAX = 3
@@ -87,7 +87,7 @@ def store_arrays() -> tuple[dict, dict[str, np.ndarray]]:
             "conv1": {"out": ch, "in": None, "fold": 0, "sfold": 0, "in_scale": None},
             "fc": {"out": CLASSES, "in": [[0, ch]], "fold": ch, "sfold": None,
                    "in_scale": None}}}
-    index = {"version": STORE_INDEX_VERSION, "sampler": SAMPLER, "posterior": "gaussian",
+    index = {"version": 2, "sampler": SAMPLER, "posterior": "gaussian",
              "seed": SEED, "weights": "dequantize", "classifier": "fc", "samples": S_MAX,
              "layers": layers, "widths": widths}
     return index, arrays

@@ -8,7 +8,9 @@ of these bytes, so the device checks that what it built is byte for byte what wa
 The store's index (``Store.index``, the schema this module reads; the exporter writes it in
 ``exporters.store``)::
 
-    version: 2                      # STORE_INDEX_VERSION (1: refused, see below)
+    version: 3                      # STORE_INDEX_VERSION; 2 still reads (no sigma_coding
+                                    # key; the exporter writes 2 when no layer needs 3);
+                                    # 1: refused, see below
     sampler: hash32-v1              # edge_sdk.store.sampler.SAMPLER
     posterior: gaussian | pwfn | sqs
     seed: <int>                     # sample s draws with seed (seed + s) mod 2**32
@@ -21,6 +23,7 @@ The store's index (``Store.index``, the schema this module reads; the exporter w
                encoding: codebook | sparse_codebook | int8, bits: <index bits>,
                route: int8 | float,  # point: the codes are exact on `step` (int8) or not
                sampler: normal | categorical | none, sigma_bits: <int>,
+               sigma_coding: relative,   # version 3, sampler normal; absent: absolute
                cat: {count_bits: <int>, uncertain: <int>, entries: <int>}}   # sqs only
     widths:
       "0.50": {width: 0.5, channels: <sum of kept outputs>,
@@ -36,6 +39,10 @@ Arrays (``<name>/...`` per layer, ``<width key>/...`` per width)::
     <name>/codes     int8 [shape]    symmetric int8 codes (int8)
     <name>/step      float32 [O]     the int8 step per output channel, every width
     <name>/sigma_codebook float32 [Ks], <name>/sigma_index uint8   (sampler normal)
+                                     indices packed at sigma_bits (0 bits, Ks = 1: no bytes);
+                                     absolute: sigma = book[i]; relative: sigma = book[i] *
+                                     sigma_reference(mu, step) = book[i] * max(|mu|, step/2),
+                                     float32, mu the decoded point weight (decode_point)
     <name>/cat_flag  uint8           1 bit per non-zero weight: its categorical has > 1 entry
     <name>/cat_count uint8           entries - 2 per uncertain weight, packed at count_bits
     <name>/cat_entry uint8           the entries' codebook indices, packed at `bits`
@@ -63,13 +70,17 @@ from edge_sdk.store.packing import unpack_bits, unpack_lookup, unpack_mask
 from edge_sdk.store.quant import QuantizedTensor, along, quantize_per_channel
 from edge_sdk.tflite_writer import write_tflite
 
-__all__ = ["STORE_INDEX_VERSION", "LayerRecord", "decode_point", "head_graph", "materialize",
-           "materialize_file", "materialize_graph", "sample_seed", "sample_weights"]
+__all__ = ["READABLE_STORE_INDEX_VERSIONS", "STORE_INDEX_VERSION", "LayerRecord", "decode_point", "head_graph", "materialize",
+           "materialize_file", "materialize_graph", "sample_seed", "sample_weights",
+           "sigma_reference"]
 
-# 2: the point fold per width [2, channels] and a sample's own fold only where the sample
-# changes it (sfold, float16); 1 (the first schema-3 stores) held every sample's fold in
-# `fold` [1 + S_max, 2, channels] and is refused by name (re-export it)
-STORE_INDEX_VERSION = 2
+# 3: a layer's sigma may be relative (`sigma_coding: relative`, sigma = book[i] * max(|mu|,
+# step/2)); 2: the point fold per width [2, channels] and a sample's own fold only where the
+# sample changes it (sfold, float16), every sigma absolute (still read: 2 and 3 differ only in
+# that key); 1 (the first schema-3 stores) held every sample's fold in `fold`
+# [1 + S_max, 2, channels] and is refused by name (re-export it)
+STORE_INDEX_VERSION = 3
+READABLE_STORE_INDEX_VERSIONS = (2, 3)
 _U16 = 1 << 16
 
 
@@ -149,6 +160,15 @@ def _codes(store: Store, name: str, rows: int) -> np.ndarray:
     return np.rint(w / along(step, 0, w.ndim)).astype(np.int8)
 
 
+def sigma_reference(mu: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The relative sigma coding's reference per weight (docs/store.md §2): ``max(|mu|,
+    step_c / 2)``, float32, ``mu`` the decoded point weights (torch layout, the first rows)
+    and ``step`` the int8 step of each of their output channels."""
+    mu = np.asarray(mu, np.float32)
+    half = np.asarray(step, np.float32)[:mu.shape[0]] * np.float32(0.5)
+    return np.maximum(np.abs(mu), along(half, 0, mu.ndim))
+
+
 def sample_weights(store: Store, name: str, sample: int, out: int | None = None) -> np.ndarray:
     """Layer ``name``'s weights in posterior sample ``sample`` (float32 torch layout, the first
     ``out`` output channels): normal ``mu + sigma * eps`` (float32, elementwise, ``eps`` =
@@ -169,6 +189,13 @@ def sample_weights(store: Store, name: str, sample: int, out: int | None = None)
         book = np.asarray(store.array(f"{name}/sigma_codebook"), np.float32)
         sig = _lookup(store.array(f"{name}/sigma_index"), bits, int(np.prod(shape)), book,
                       name)[:n]
+        coding = L.get("sigma_coding", "absolute")
+        if coding == "relative" and int(store.index.get("version", 0)) >= 3:
+            step = np.asarray(store.array(f"{name}/step"), np.float32)
+            sig = sig * sigma_reference(mu, step).reshape(-1)  # float32
+        elif coding != "absolute":
+            raise _bad(f"layer {name!r}: sigma_coding {coding!r} in a version "
+                       f"{store.index.get('version')!r} index")
         eps = sampler.normal(seed, stream, n)
         np.multiply(sig, eps, out=eps)  # mu + sigma * eps, float32, in place
         np.add(mu.reshape(-1), eps, out=eps)
@@ -368,12 +395,13 @@ def materialize_graph(store: Store, graph: Graph | Mapping, width_key: str, *,
                       ) -> tuple[Graph, dict[str, np.ndarray], list[LayerRecord]]:
     """The filled graph, its weights and per-layer records that :func:`materialize` writes."""
     idx = store.index
-    if not isinstance(idx, Mapping) or idx.get("version") != STORE_INDEX_VERSION:
+    if not isinstance(idx, Mapping) or idx.get("version") not in READABLE_STORE_INDEX_VERSIONS:
         got = idx.get("version") if isinstance(idx, Mapping) else idx
         old = " (version 1: every sample's fold in `fold`, before the per-sample `sfold`)" \
             if got == 1 else ""
-        raise _bad(f"index version {got!r}{old} is not this edge_sdk's version "
-                   f"{STORE_INDEX_VERSION}: re-export the bundle, or use a matching edge_sdk")
+        raise _bad(f"index version {got!r}{old} is not one this edge_sdk reads "
+                   f"({', '.join(map(str, READABLE_STORE_INDEX_VERSIONS))}; it writes "
+                   f"{STORE_INDEX_VERSION}): re-export the bundle, or use a matching edge_sdk")
     if idx.get("sampler") != sampler.SAMPLER:
         raise _bad(f"sampler {idx.get('sampler')!r}; this edge_sdk implements "
                    f"{sampler.SAMPLER!r}")

@@ -173,12 +173,12 @@ def test_a_version_1_store_index_is_refused_naming_both_versions():
     from edge_sdk.store.materialize import STORE_INDEX_VERSION, materialize
 
     index, arrays = ss.store_arrays()
-    assert STORE_INDEX_VERSION == 2
+    assert STORE_INDEX_VERSION == 3  # 2 and 3 read
     old = Store(dict(index, version=1), arrays)
     wk = next(iter(index["widths"]))
     g = ss.graph(index["widths"][wk]["layers"]["conv1"]["out"]).to_dict()
     with pytest.raises(BundleError, match=r"index version 1 \(version 1: every sample's fold "
-                                          r"in `fold`.*is not this edge_sdk's version 2: "
-                                          r"re-export"):
+                                          r"in `fold`.*is not one this edge_sdk reads "
+                                          r"\(2, 3; it writes 3\): re-export"):
         materialize(old, g, wk)
     assert materialize(Store(index, arrays), g, wk)[4:8] == b"TFL3"  # version 2 builds

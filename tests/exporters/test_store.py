@@ -149,6 +149,7 @@ def test_store_round_trip(stores, kind):
             continue
         sigma = (post["tensors"][f"{name}.weight"]["sigma"] if kind == "pwfn"
                  else layer.weight_sigma).detach().numpy()
+        assert L.get("sigma_coding", "absolute") == "absolute"  # alpha spread: 4-bit absolute
         book, idx = encode_sigma(sigma, 4)
         pos = sigma > 0
         spread = np.log(sigma[pos].max() / sigma[pos].min()) / (2 * 14) + 1e-6
@@ -158,6 +159,50 @@ def test_store_round_trip(stores, kind):
             assert np.abs(z[pos]).max() <= NORMAL_BOUND * (1 + 1e-4)
             assert (d[~pos] == got[~pos]).all()
         assert not np.array_equal(draws[0], draws[1])
+
+
+def test_a_layer_with_one_alpha_stores_its_sigma_relative_in_zero_bits(checkpoints, data):
+    """sigma = 0.2 max(|mu|, step/2) in every layer (alpha one value, as the trainer
+    initialises it; mu on its int8 grid): the
+    store codes each layer's sigma as one multiplier of max(|mu_dec|, step/2) (version 3,
+    sigma_coding relative, 0 bits: no index bytes), and the device's draws are mu_dec + that sigma x
+    the sampler's eps; sigma_rel_tol=None writes the version-2 store (absolute, 4 bits)."""
+    from edge_sdk.store import normal, stream_id
+    from edge_sdk.store.quant import quantize_per_channel
+    from trainer.layers import _inverse_softplus
+
+    calib, _, _ = data
+    ckpt = ckpt_io.load_checkpoint(checkpoints["gaussian"])
+    model = ckpt_io.model_from_checkpoint(ckpt)
+    with torch.no_grad():
+        for layer in _layers(model).values():  # mu on its int8 grid: mu_dec = mu
+            qt = quantize_per_channel(layer.weight_mu.detach().numpy(), 0)
+            layer.weight_mu.copy_(torch.from_numpy(qt.dequantize()))
+            half = torch.from_numpy(qt.scale / 2).reshape((-1,) + (1,) * (qt.values.ndim - 1))
+            sig = torch.maximum(layer.weight_mu.abs(), half) * 0.2  # a zero mean: step / 2
+            layer.weight_rho.copy_(_inverse_softplus(sig))
+    build = build_store(model, ckpt, "gaussian", [1.0], calib, [1, 8, 8, 1], samples=2, seed=3)
+    assert build.store.index["version"] == 3
+    for name, layer in _layers(model).items():
+        L = build.store.index["layers"][name]
+        assert (L["sigma_coding"], L["sigma_bits"]) == ("relative", 0), name
+        assert build.store.array(f"{name}/sigma_index").size == 0
+        mu = decode_point(build.store, name)
+        step = build.store.array(f"{name}/step").reshape((-1,) + (1,) * (mu.ndim - 1))
+        sigma = layer.weight_sigma.detach().numpy()
+        ref = np.maximum(np.abs(mu), step / 2)  # the reference: mu_dec, at least step / 2
+        for s in range(2):
+            eps = normal(3 + s, stream_id(name), mu.size).reshape(mu.shape)
+            live = np.abs(eps) > 0.1
+            ratio = ((sample_weights(build.store, name, s) - mu) / eps / ref)[live]
+            # one multiplier per layer (0 bits): the 0.2 it was built with
+            np.testing.assert_allclose(ratio, 0.2, rtol=1e-3)
+    old = build_store(model, ckpt, "gaussian", [1.0], calib, [1, 8, 8, 1], samples=2, seed=3,
+                      sigma_rel_tol=None)
+    assert old.store.index["version"] == 2
+    assert all("sigma_coding" not in L and L["sigma_bits"] == 4
+               for L in old.store.index["layers"].values())
+    assert len(old.data) > len(build.data)
 
 
 @pytest.mark.parametrize("kind", KINDS)
