@@ -73,10 +73,16 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                        "their files by these names."},
     "Manifest.graphs": {
         "propertyNames": {"pattern": r"^(0\.[0-9][0-9]|1\.00)$"},
-        "additionalProperties": {"type": "object",
-                                 "required": ["tensors", "ops", "inputs", "outputs"]},
+        "additionalProperties": {"anyOf": [
+            {"type": "object", "required": ["tensors", "ops", "inputs", "outputs"]},
+            {"type": "object", "required": ["base", "shapes"], "additionalProperties": False,
+             "properties": {"base": {"type": "string"}, "shapes": {"type": "array"},
+                            "options": {"type": "object"}}}]},
         "description": "Layout store: width key ('0.50') -> that width's point graph "
-                       "description (edge_sdk.graph.Graph.to_dict; weights by reference)."},
+                       "description (edge_sdk.graph.Graph.to_dict; weights by reference), or "
+                       "{base, shapes[, options]}: the graph of width base (written in full) "
+                       "with every tensor's shape replaced (tensor order) and the options of "
+                       "the op whose first output is each key of options."},
     "Manifest.batch_dim": {
         "enum": [0, None],
         "description": "The slices' batch dimension (0: input [N, H, W, C] after "
@@ -121,28 +127,43 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                          "description": "Lowercase hex; check it before use."},
     "FileEntry.bytes": {"minimum": 1},
     "Configuration.id": {"minLength": 1},
-    "Configuration.width": {"exclusiveMinimum": 0, "maximum": 1,
-                            "description": "Fraction of every nested layer's channels kept."},
+    "Configuration.width": {"exclusiveMinimum": 0, "maximum": 1, "required": False,
+                            "description": "Fraction of every nested layer's channels kept. "
+                                           "Required unless the files are slice names (layout "
+                                           "store): then left out = its first slice's width."},
     "Configuration.scope": {
-        "enum": list(B.SCOPES),
+        "enum": list(B.SCOPES), "required": False,
         "description": "point: the posterior mean, one file, one invoke. head: point backbone "
                        "with S sampled classifiers in one graph, one file, output [S, C]. "
-                       "all: S fully sampled networks, S files, one invoke each, [1, C] each."},
-    "Configuration.samples": {"minimum": 1,
-                              "description": "Posterior samples S averaged (point: 1)."},
+                       "all: S fully sampled networks, S files, one invoke each, [1, C] each. "
+                       "Files listed by slice name: left out = head if the first slice has "
+                       "heads, all if it has a sample, else point."},
+    "Configuration.samples": {"minimum": 1, "required": False,
+                              "description": "Posterior samples S averaged (point: 1). Files "
+                                             "listed by slice name: left out = the first "
+                                             "slice's heads (head), the number of files (all) "
+                                             "or 1."},
     "Configuration.files": {
         "minItems": 1,
         "description": "One file (point, head) or one per sample (all), in sample order: "
                        "file entries, or (layout store) names of the slices table."},
-    "Configuration.invokes": {"minimum": 1,
-                              "description": "Invokes per prediction: 1, or S for scope all."},
+    "Configuration.invokes": {"minimum": 1, "required": False,
+                              "description": "Invokes per prediction: 1, or S for scope all "
+                                             "(files listed by slice name: left out = that)."},
     "Configuration.temperature": {
         "exclusiveMinimum": 0,
         "description": "Divide every logit by it before the softmax (fitted on validation)."},
     "Configuration.temperature_folded": {
+        "required": False,
         "description": "Whether the files' logits already include 1/temperature (the "
-                       "exporter writes false; edge_sdk divides by temperature either way)."},
-    "Configuration.weights": {"enum": list(B.WEIGHT_ROUTES)},
+                       "exporter writes false; edge_sdk divides by temperature either way). "
+                       "Files listed by slice name: left out = false."},
+    "Configuration.weights": {"enum": list(B.WEIGHT_ROUTES), "required": False,
+                              "description": "Files listed by slice name: left out = "
+                                             "dequantize."},
+    "Configuration.output": {"required": False,
+                             "description": "Files listed by slice name: left out = {kind: "
+                                            "logits, shape: [S for head else 1, labels]}."},
     "Configuration.macs": {"minimum": 0, "description": "Multiply-accumulates per invoke."},
     "Configuration.params": {"minimum": 0},
     "Configuration.unique_values": {"minimum": 0},
@@ -155,19 +176,23 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                        "predict sets abstain."},
     "Configuration.cascade": {
         "additionalProperties": {
-            "type": "object", "required": ["threshold", "coverage", "max_loss"],
+            "type": "object", "required": ["threshold", "coverage"],
             "additionalProperties": False,
             "properties": {"threshold": _PROBABILITY,
                            "coverage": {"type": "number", "minimum": 0, "maximum": 1},
-                           "max_loss": {"type": "number", "minimum": 0, "maximum": 1}}},
+                           "max_loss": {"type": "number", "minimum": 0, "maximum": 1,
+                                        "default": 0.002}}},
         "description": "Id of a wider configuration of the same scope -> a two-stage plan: "
-                       "answer here when confidence >= threshold, else run that one."},
+                       "answer here when confidence >= threshold, else run that one. "
+                       "max_loss is required unless the files are slice names (left out: "
+                       "0.002)."},
     "Configuration.val_nll": {"minimum": 0,
                               "description": "Validation NLL at the temperature: the budget "
                                              "rule prefers the lowest."},
     "Configuration.test": {
         "description": "Test metrics: {raw: {...}, calibrated: {...}} (accuracy, nll, ece, "
-                       "brier, ...), measured through the written files."},
+                       "brier, ...), measured through the written files. Files listed by "
+                       "slice name: calibrated lists only the metrics that differ from raw."},
     "Configuration.latency_ms": {"minimum": 0,
                                  "description": "Per prediction, on the exporting host."},
     "Configuration.memory_mb": {"minimum": 0,
@@ -282,7 +307,8 @@ def _record_schema(cls: type) -> dict[str, Any]:
             prop["default"] = _plain_default(f.default)
         elif f.default_factory is not dataclasses.MISSING:
             prop["default"] = _plain_default(f.default_factory())
-        if "default" not in prop or extra.get("required"):
+        if ("default" not in prop and extra.get("required") is not False) \
+                or extra.get("required"):
             required.append(f.name)
         properties[f.name] = prop
     first_paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]

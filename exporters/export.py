@@ -316,8 +316,21 @@ def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
     name = "store.bin"
     extra.update(store=B.file_entry(name, build.data, B.StoreEntry).to_dict(),
                  graphs=build.graphs)
-    weight_notes["store"] = build.notes  # per layer: encoding, bits, route, sampler, bytes
-    return {name: build.data}, weight_notes
+    return {name: build.data}, _store_weight_notes(weight_notes, build.notes)
+
+
+def _store_weight_notes(notes: dict, layers: dict) -> dict:
+    """A store manifest's ``source.weights``, summarised (its bytes count against the bundle):
+    the largest relative move of the int8 grid per slice group at 3 significant digits, the
+    float-fallback tensors only for the groups that have any, and per store layer its
+    encoding, bits, route, sampler and bytes."""
+    out: dict = {"int8_max_rel_error": {k: float(f"{n['int8_max_rel_error']:.3g}")
+                                        for k, n in notes.items()}}
+    fallback = {k: n["float_fallback"] for k, n in notes.items() if n["float_fallback"]}
+    if fallback:
+        out["float_fallback"] = fallback
+    out["store"] = layers
+    return out
 
 
 def bundle_bytes(bundle_dir: str | Path) -> int:

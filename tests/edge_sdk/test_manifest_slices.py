@@ -75,6 +75,117 @@ def test_the_slices_table_round_trips_and_reads_as_the_first_form():
     assert len(yaml.safe_dump(d)) < len(yaml.safe_dump(m.to_dict(expand=True)))
 
 
+def _graph(width: int) -> dict:
+    """A two-op graph whose shapes and flatten target depend on the width (as a nested
+    network's do)."""
+    return {"version": 1, "inputs": ["input"], "outputs": ["logits"],
+            "tensors": [{"name": "input", "shape": [1, 4, 4, 2]},
+                        {"name": "flatten", "shape": [1, 8 * width]},
+                        {"name": "fc/weight", "shape": [3, 8 * width], "weight": "fc/weight"},
+                        {"name": "logits", "shape": [1, 3]}],
+            "ops": [{"op": "RESHAPE", "inputs": ["input"], "outputs": ["flatten"],
+                     "options": {"shape": [-1, 8 * width]}},
+                    {"op": "FULLY_CONNECTED", "inputs": ["flatten", "fc/weight"],
+                     "outputs": ["logits"]}]}
+
+
+def rich() -> dict:
+    """expanded() with real per-width graphs, calibrated test metrics, cascades (one at the
+    exporter's default max_loss, one not) and a hybrid configuration."""
+    d = expanded()
+    d["graphs"] = {"0.50": _graph(1), "1.00": _graph(2)}
+    for c in d["configurations"]:
+        c["test"] = {"raw": {"accuracy": 0.9, "nll": 0.4, "mutual_info": 0.0},
+                     "calibrated": {"accuracy": 0.9, "nll": 0.3, "mutual_info": 0.0}}
+    d["configurations"].append(_cfg("p2", "point", 1, [{"width": "1.00", "sample": None,
+                                                        "heads": 0}]))
+    d["configurations"][0]["cascade"] = {"p2": {"threshold": 0.8, "coverage": 0.5,
+                                                "max_loss": 0.002}}
+    d["configurations"][0]["weights"] = "hybrid"
+    d["configurations"][2]["cascade"] = {}
+    d["configurations"][1]["cascade"] = {}
+    d["configurations"][3]["cascade"] = {}
+    d["configurations"][4]["cascade"] = {}
+    return d
+
+
+def test_derivable_keys_are_left_out_and_read_back_exactly():
+    """A named configuration leaves out what the slices table and the labels say (width,
+    scope, samples, invokes, output), temperature_folded false, weights dequantize, the
+    calibrated metrics equal to the raw ones and a cascade's default max_loss; a width's graph
+    is written as another's with its own shapes; all of it reads back as the same Manifest,
+    as does the previous writer's form (every key written) and the first form."""
+    m = Manifest.from_dict(rich())
+    d = m.to_dict()
+    c0, c3 = d["configurations"][0], d["configurations"][3]
+    for key in ("width", "scope", "samples", "invokes", "output", "temperature_folded"):
+        assert key not in c0 and key not in c3
+    assert c0["weights"] == "hybrid" and "weights" not in c3  # only the default is left out
+    assert c3["test"] == {"raw": {"accuracy": 0.9, "nll": 0.4, "mutual_info": 0.0},
+                          "calibrated": {"nll": 0.3}}
+    assert c0["cascade"] == {"p2": {"threshold": 0.8, "coverage": 0.5}}
+    assert d["graphs"]["1.00"] == {"base": "0.50",
+                                   "shapes": [[1, 4, 4, 2], [1, 16], [3, 16], [1, 3]],
+                                   "options": {"flatten": {"shape": [-1, 16]}}}
+    back = Manifest.from_dict(d)
+    assert back == m and back.graphs == m.graphs == {"0.50": _graph(1), "1.00": _graph(2)}
+    assert back.configurations[3].invokes == 2 and back.configurations[1].output.shape == (2, 3)
+    assert back.configurations[0].cascade["p2"]["max_loss"] == 0.002
+    assert Manifest.from_dict(yaml.safe_load(manifest_to_yaml(m))) == m
+    # the previous writer: every key in every named configuration, graphs in full
+    old = copy.deepcopy(d)
+    old["graphs"] = {"0.50": _graph(1), "1.00": _graph(2)}
+    for c, full in zip(old["configurations"], m.to_dict(expand=True)["configurations"]):
+        c.update({k: v for k, v in full.items() if k not in ("files", "materialize")})
+    assert Manifest.from_dict(old) == m
+    assert len(yaml.safe_dump(d)) < len(yaml.safe_dump(old))
+    assert Manifest.from_dict(m.to_dict(expand=True)) == m
+
+
+def test_what_the_compact_form_cannot_say_is_written_out():
+    """A calibrated group without a raw metric, a cascade's other max_loss, explicit values
+    that differ from the derived ones and graphs that differ in more than shapes and options
+    are written as they are (here: the configuration in the first form) and read back."""
+    d = rich()
+    del d["configurations"][3]["test"]["calibrated"]["mutual_info"]
+    d["configurations"][0]["cascade"]["p2"]["max_loss"] = 0.01
+    d["configurations"][0]["temperature_folded"] = True
+    d["graphs"]["1.00"]["ops"][1]["inputs"] = ["input", "fc/weight"]
+    m = Manifest.from_dict(d)
+    out = m.to_dict()
+    assert isinstance(out["configurations"][3]["files"][0], dict)  # the first form
+    assert out["configurations"][3]["test"] == d["configurations"][3]["test"]
+    assert out["configurations"][0]["cascade"]["p2"]["max_loss"] == 0.01
+    assert out["configurations"][0]["temperature_folded"] is True
+    assert "tensors" in out["graphs"]["1.00"]
+    assert Manifest.from_dict(out) == m
+    assert Manifest.from_dict(yaml.safe_load(manifest_to_yaml(m))) == m
+
+
+def test_the_compact_form_validates_against_the_json_schema():
+    import edge_sdk.manifest_schema as ms
+
+    assert ms.validate(Manifest.from_dict(rich()).to_dict()) == []
+    assert ms.validate(compact()) == []
+
+
+@pytest.mark.parametrize("graph, where", [
+    ({"base": "0.75", "shapes": []}, r"^graphs\['1\.00'\]\.base: expected the key of a graph "
+                                     r"written in full \(0\.50\)"),
+    ({"base": "0.50", "shapes": [[1]]}, r"^graphs\['1\.00'\]\.shapes: expected a list of 4"),
+    ({"base": "0.50", "shapes": [[1, 4, 4, 2], [1, 16], [3, 16], [1, "x"]]},
+     r"^graphs\['1\.00'\]\.shapes\[3\]\[1\]: expected an integer"),
+    ({"base": "0.50", "shapes": [[1, 4, 4, 2], [1, 16], [3, 16], [1, 3]],
+      "options": {"nope": {}}}, r"^graphs\['1\.00'\]\.options\.nope: no op"),
+    ({"base": "0.50", "shapes": [], "colour": 1}, r"^graphs\['1\.00'\]: expected keys base"),
+])
+def test_a_graph_by_reference_is_checked(graph, where):
+    d = Manifest.from_dict(rich()).to_dict()
+    d["graphs"]["1.00"] = graph
+    with pytest.raises(BundleError, match=where):
+        Manifest.from_dict(d)
+
+
 def test_a_files_manifest_writes_no_slices_table():
     d = expanded()
     d.update(layout="files", store=None, graphs={})
@@ -117,9 +228,11 @@ def _set_files(i, files):
      r"^slices\['x\.bin'\]: expected a plain file name ending in '\.tflite'"),
     (lambda d: d["slices"].update({"../x.tflite": dict(d["slices"]["s0.tflite"])}),
      r"^slices\['\.\./x\.tflite'\]: expected a plain file name"),
-    # the recipe of a named file is checked against the configuration listing it, and the
-    # error names the table entry it came from
-    (lambda d: d["slices"]["h-0.tflite"].update(heads=3),
+    # the recipe of a named file is checked against the configuration listing it (here one
+    # that writes its samples: left out, they are the table's), and the error names the table
+    # entry it came from
+    (lambda d: (d["slices"]["h-0.tflite"].update(heads=3),
+                d["configurations"][1].update(samples=2)),
      r"^slices\['h-0\.tflite'\]\.heads: expected 2 \(scope 'head', samples=2\), got 3 "
      r"\(listed by configurations\[1\]\.files\[0\]\)"),
     (lambda d: d["slices"]["s1.tflite"].update(sample=0),
@@ -141,8 +254,7 @@ def test_a_first_form_entry_must_agree_with_the_slices_table():
     d = compact()
     e = expanded()["configurations"][0]
     e["files"][0]["bytes"] += 1
-    d["configurations"][0] = {**d["configurations"][0], "files": e["files"],
-                              "materialize": e["materialize"]}
+    d["configurations"][0] = e  # a first-form configuration writes every key
     with pytest.raises(BundleError, match=r"^configurations\[0\]\.files\[0\]: file "
                                           r"'p-0\.tflite' differs from slices"):
         Manifest.from_dict(d)
