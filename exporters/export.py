@@ -29,8 +29,8 @@ from edge_sdk.errors import ConfigError
 from exporters.configs import (Configurations, EvalSets, quality, slice_logits,  # noqa: F401
                                store_width)
 from trainer.device import resolve_device
-from exporters.slice import (make_slice, posterior_kind, posterior_samples, sliced_heads,
-                             stack_heads)
+from exporters.slice import (classifier_name, make_slice, posterior_kind, posterior_samples,
+                             sliced_heads, stack_heads)
 from exporters.tflite import export_point_slice
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict, config_to_dict
@@ -269,9 +269,12 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
             blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
             unique, entropy = _codebook_stats(point, kind)
         elif scope == "head":
+            # the point slice's backbone (PWFN: codebook-exact, as the store route's head
+            # materialises it) and S sampled classifiers on the plain per-row int8 grid
             heads = stack_heads(point, sliced_heads(model, samples, w))
-            blobs = [export_point_slice(heads, shape, opts.weights,
-                                        output_shape=[opts.samples, classes])]
+            blobs = [export_point_slice(heads, shape, opts.weights, pow2_step=kind == "pwfn",
+                                        output_shape=[opts.samples, classes],
+                                        sampled=(classifier_name(model),))]
             unique = entropy = None
         else:
             blobs = [export_point_slice(make_slice(model, w, calib, s, device), shape,

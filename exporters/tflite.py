@@ -9,7 +9,7 @@ straight into CONV_2D / FULLY_CONNECTED) or float32.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -68,7 +68,8 @@ def graph_stats(graph: Graph | bytes) -> dict:
 
 def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
                        weights: str = "dequantize", pow2_step: bool = False,
-                       output_shape: Sequence[int] | None = None) -> tuple[bytes, dict]:
+                       output_shape: Sequence[int] | None = None,
+                       sampled: Collection[str] = ()) -> tuple[bytes, dict]:
     """The point network of a truncated model as a ``.tflite`` flatbuffer, and facts about it.
 
     Input ``"input"``: float32 NHWC, already normalised (normalising is the runtime's job).
@@ -77,7 +78,7 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     output's shape signature): a head graph then answers ``[N * S, C]``. ``weights``:
     ``"dequantize"`` (int8 per-channel + DEQUANTIZE), ``"hybrid"`` (int8 filters straight into
     CONV_2D / FULLY_CONNECTED, activations quantized per invoke; depthwise filters stay on the
-    DEQUANTIZE route) or ``"float"``; ``pow2_step``: see
+    DEQUANTIZE route) or ``"float"``; ``pow2_step`` and ``sampled``: see
     :func:`prepare_weights`.
 
     Batch norms fold with their running statistics (eval semantics) whatever ``model.training``
@@ -101,7 +102,8 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
     if len(shape) != 4 or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape):
         raise ConfigError(f"input_shape_nhwc must be 4 positive ints [N, H, W, C], got {shape}")
 
-    graph, arrays, records = lower_point_slice(model, shape, weights, pow2_step, output_shape)
+    graph, arrays, records = lower_point_slice(model, shape, weights, pow2_step, output_shape,
+                                               sampled)
     buf = write_tflite(graph, arrays)
     info = graph_stats(graph)
     out = graph.tensor(OUTPUT_NAME)
@@ -115,11 +117,11 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
 
 def lower_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
                       weights: str = "dequantize", pow2_step: bool = False,
-                      output_shape: Sequence[int] | None = None
+                      output_shape: Sequence[int] | None = None, sampled: Collection[str] = ()
                       ) -> tuple[Graph, dict[str, np.ndarray], list[dict]]:
     """The graph description :func:`export_point_slice` writes, its weights (by name) and the
     per-layer weight records (see ``info["tensors"]`` there)."""
-    lw = prepare_weights(model, weights, pow2_step)
+    lw = prepare_weights(model, weights, pow2_step, sampled)
     g = GraphBuilder()
     x = g.add_input(INPUT_NAME, tuple(input_shape_nhwc))
     y, records = lower(model, g, x, lw)

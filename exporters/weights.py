@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Collection
 
 import numpy as np
 
@@ -53,13 +54,19 @@ class LayerWeights:
 
 
 def prepare_weights(model: NestedModel, weights: str = "dequantize",
-                    pow2_step: bool = False) -> dict[str, LayerWeights]:
+                    pow2_step: bool = False, sampled: Collection[str] = ()
+                    ) -> dict[str, LayerWeights]:
     """Fold and (on the dequantize route) quantize every Bayesian layer's point weights.
 
     ``pow2_step`` is the codebook-exact mode (PWFN point slices): the *unfolded* weights
     (``weight_mu``, which PWFN sets to codebook values) are quantized with a power-of-two step
     times the fold scale, so ``int8 x scale == codebook value x fold scale`` bit for bit; a
     tensor that cannot be exact stays float32 (route ``"float"``, recorded by the caller).
+    ``sampled``: layers holding posterior samples, not codebook values (the head scope's
+    stacked classifier): quantized per channel as without ``pow2_step``, so a PWFN head slice
+    runs its point slice's backbone bit for bit and its heads on the store route's int8 grid
+    (``edge_sdk.store.materialize``: codes for the backbone, ``quantize_per_channel`` for the
+    stacked heads; docs/store.md §7).
     """
     if weights not in WEIGHT_ROUTES:
         raise ConfigError(f"weights must be one of {', '.join(WEIGHT_ROUTES)}, got {weights!r}")
@@ -71,7 +78,7 @@ def prepare_weights(model: NestedModel, weights: str = "dequantize",
         fs = fold_scale(layer)
         quant = None
         if weights in ("dequantize", "hybrid"):
-            if pow2_step:
+            if pow2_step and name not in sampled:
                 mu = layer.weight_mu.detach().cpu().numpy()
                 quant = quantize_per_channel(mu, 0, pow2_step=True, channel_scale=fs)
                 if quant.exact:

@@ -425,6 +425,41 @@ def test_files_layout_writes_version_3_tflite_files(checkpoints, workdir):
     assert m.configurations[0].materialize is None
 
 
+def test_pwfn_head_scope_is_the_same_slice_on_both_routes_given_the_same_draws(
+        checkpoints, bundles, workdir, data, monkeypatch):
+    """The files route's head slice, given the store route's classifier draws, computes the
+    store's head logits: both run the point slice's codebook-exact backbone (PWFN) and the S
+    sampled classifiers on the per-row int8 grid (docs/store.md §7). The files route once
+    re-quantized a PWFN head's backbone on a max|w|/127 step (its own point slice used the
+    exact power-of-two one), so its head ran another network than its point slice and the
+    store's head: the routes' sampled scopes differed by more than the draws."""
+    import exporters.export as E
+
+    out = bundles["pwfn"]
+    m = read_manifest(out)
+    store = decode_store((out / "store.bin").read_bytes())
+    names = list(store.index["layers"])
+
+    def store_draws(model, ckpt, count, seed=0, sample_tau=None):
+        return [{n: torch.from_numpy(sample_weights(store, n, s)) for n in names}
+                for s in range(count)]
+
+    monkeypatch.setattr(E, "posterior_samples", store_draws)
+    files = workdir / "files-head-pwfn"
+    export_bundle(checkpoints["pwfn"], files, ExportOptions(
+        widths=WIDTHS, samples=S, scopes=["head"], measure=False, max_eval=MAX_EVAL,
+        layout="files", force=True), **QUIET)
+    fm = read_manifest(files)
+    _, x, _ = data
+    for w in WIDTHS:
+        cid = f"w{w:.2f}-head{S}"
+        want = run_tflite(materialize_file(store, m, m.configuration(cid), 0), x)
+        got = run_tflite((files / fm.configuration(cid).files[0].name).read_bytes(), x)
+        assert got.shape == want.shape == (len(x), S, 10)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), w
+        assert fm.configuration(cid).test == m.configuration(cid).test, w
+
+
 # ------------------------------------------------------------------------------ trainer.nest
 
 
