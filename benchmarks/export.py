@@ -15,10 +15,18 @@ manifest.yaml + anything else). Prints and (``--md``) writes:
   <= 0.4x; the store and manifest bytes of each;
 - store vs files per width: point slice accuracy and OOD AUROC difference (goal within
   0.2 pt) and top-1 agreement on the test inputs (goal >= 99 %); head S and all S (S =
-  ``--samples``) accuracy and AUROC differences (goal within 0.2 pt: the generators differ).
+  ``--samples``) accuracy and AUROC differences (goal within 0.2 pt: the generators differ);
+- the sampled scopes' seed spread (``--seeds``, default 0,100,200: seed sets far enough apart
+  that no two share a sample seed): each route exported again at every further seed
+  (``DIR/seed<n>/store-all``, ``DIR/seed<n>/files-all``: head + all at S only) and, per width
+  and scope, the store-minus-files difference at each seed set, its mean over the seed sets
+  and each route's own range (max - min over its seed sets, same sampler). One set of S draws
+  is one draw of the ensemble: a single-seed difference is only a difference of the routes
+  when it exceeds the routes' own seed-to-seed range (issue 21: it did not, docs/store.md §7).
 
     python benchmarks/export.py --checkpoint runs/demo/train/checkpoint.pt --out /tmp/b21 \\
-        [--ood-data npz:DIR/notmnist_test.npz] [--samples 8] [--max-eval 1000] [--md out.md]
+        [--ood-data npz:DIR/notmnist_test.npz] [--samples 8] [--max-eval 1000] [--md out.md] \\
+        [--seeds 0,100,200]
 """
 from __future__ import annotations
 
@@ -51,6 +59,48 @@ def _pt(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{100 * (a - b):+.2f}"
 
 
+def _seed_spread(m: dict, fa, seeds: list[int], samples: int) -> list[str]:
+    """Per width and sampled scope: store - files (accuracy / AUROC, pt) at every seed set,
+    the mean of those differences and each route's own range over its seed sets."""
+    def run(layout: str, n: int):
+        return m[f"{layout}-all" if n == seeds[0] else f"seed{n}/{layout}-all"]
+
+    def pts(v: list[float]) -> str:
+        return f"{100 * (max(v) - min(v)):.2f}"
+
+    lines = [f"Seed spread of the sampled scopes (S = {samples}; seed sets "
+             f"{', '.join(map(str, seeds))}; calibrated accuracy / OOD AUROC, pt): store - "
+             "files per seed set, their mean, and each route's own range (max - min over its "
+             "seed sets).", "",
+             "| configuration | store - files per seed set | mean | store range | files range |",
+             "|---|---|---|---|---|"]
+    for c in fa.configurations:
+        if c.scope == "point":
+            continue
+        if c.samples != samples:
+            continue
+        rows = {lay: [run(lay, n).configuration(c.id).test["calibrated"] for n in seeds]
+                for lay in ("store", "files")}
+        cell = {}
+        for key in ("accuracy", "ood_auroc"):
+            st = [r.get(key) for r in rows["store"]]
+            fi = [r.get(key) for r in rows["files"]]
+            if None in st or None in fi:
+                cell[key] = None
+                continue
+            d = [a - b for a, b in zip(st, fi)]
+            cell[key] = (d, sum(d) / len(d), st, fi)
+
+        def fmt(i: int) -> str:
+            return " / ".join("-" if cell[k] is None else
+                              [", ".join(f"{100 * x:+.2f}" for x in cell[k][0]),
+                               f"{100 * cell[k][1]:+.2f}", pts(cell[k][2]),
+                               pts(cell[k][3])][i] for k in ("accuracy", "ood_auroc"))
+
+        lines.append(f"| {c.id} | {fmt(0)} | {fmt(1)} | {fmt(2)} | {fmt(3)} |")
+    return lines + [""]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
@@ -65,7 +115,15 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="keep bundles already in --out")
     p.add_argument("--md", default=None, help="also write the tables here (markdown)")
     p.add_argument("--name", default=None, help="row label (default: the checkpoint path)")
+    p.add_argument("--seeds", default="0,100,200",
+                   help="sampler seed sets: the first for the main exports, each further one "
+                        "exports head + all again in both layouts (the seed spread); sample s "
+                        "of seed n uses seed n + s, so keep them >= --samples apart")
     args = p.parse_args()
+    seeds = [int(t) for t in args.seeds.split(",") if t.strip()]
+    if not seeds or any(abs(a - b) < args.samples for i, a in enumerate(seeds)
+                        for b in seeds[:i]):
+        p.error(f"--seeds: one or more integers at least --samples = {args.samples} apart")
     torch.set_num_threads(1)
     out = Path(args.out)
     ck = args.checkpoint
@@ -78,6 +136,11 @@ def main() -> None:
             "store-all": dict(layout="store", scopes=("point", "head", "all"),
                               sample_counts=counts),
             "files-all": dict(layout="files", scopes=("point", "head", "all"))}
+    runs = {name: dict(kw, seed=seeds[0]) for name, kw in runs.items()}
+    for n in seeds[1:]:  # the seed spread: head + all at S only, both layouts
+        runs[f"seed{n}/store-all"] = dict(layout="store", scopes=("head", "all"),
+                                          sample_counts=[args.samples], seed=n)
+        runs[f"seed{n}/files-all"] = dict(layout="files", scopes=("head", "all"), seed=n)
     wall = {}
     for name, kw in runs.items():
         if args.reuse and (out / name / "manifest.yaml").is_file():
@@ -85,7 +148,8 @@ def main() -> None:
         t0 = time.perf_counter()
         export_bundle(ck, out / name, ExportOptions(
             samples=args.samples, ood_data=args.ood_data, max_eval=args.max_eval,
-            measure=args.measure, force=True, **kw), progress=False, log=lambda *a: None)
+            measure=args.measure and "/" not in name, force=True, **kw), progress=False,
+            log=lambda *a: None)
         wall[name] = time.perf_counter() - t0
     m = {name: read_manifest(out / name) for name in runs}
 
@@ -97,15 +161,16 @@ def main() -> None:
                     batch=256)
     fp32, _ = export_point_slice(make_slice(model, 1.0, calib), list(spec.shape), "float")
     point = m["files-all"].configuration("w1.00-point").files[0].bytes
-    sizes = {name: bundle_bytes(out / name) for name in runs}
+    main_runs = ("store-point", "store-all", "files-all")
+    sizes = {name: bundle_bytes(out / name) for name in main_runs}
     store = {n: m[n].store.bytes for n in ("store-point", "store-all")}
-    man = {n: (out / n / "manifest.yaml").stat().st_size for n in runs}
+    man = {n: (out / n / "manifest.yaml").stat().st_size for n in main_runs}
     uv = m["store-point"].configuration("w1.00-point").unique_values
     label = args.name or ck
     lines = [f"### {label} ({kind}{'' if uv is None else f', {uv} unique values'})", "",
              f"full-width point slice int8 .tflite: {point:,} B; fp32 full model (float "
              f"route, width 1): {len(fp32):,} B; S_max = {args.samples}; export wall "
-             + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items()), "",
+             + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items() if k in main_runs), "",
              "| bundle | store.bin | manifest.yaml | bundle bytes | / point slice | goal | "
              "/ fp32 | goal |", "|---|---|---|---|---|---|---|---|"]
     a = sizes["store-point"] / point
@@ -157,7 +222,10 @@ def main() -> None:
                      f"{_pt(sc.get('ood_auroc'), fc.get('ood_auroc'))} | {100 * agree:.2f} % | "
                      f"{cells[0]} | {cells[1]} |")
     lines += ["", f"{len(test_x)} test inputs (accuracy: calibrated; AUROC: predictive-entropy "
-                  f"OOD AUROC{'' if args.ood_data else ', none: no --ood-data'})", ""]
+                  f"OOD AUROC{'' if args.ood_data else ', none: no --ood-data'}); sampler seed "
+                  f"{seeds[0]}", ""]
+    if len(seeds) > 1:
+        lines += _seed_spread(m, fa, seeds, args.samples)
     text = "\n".join(lines)
     print(text)
     if args.md:
