@@ -1,0 +1,166 @@
+"""The SQS sampled store's categoricals (issue 21, docs/store.md §2): how many threshold bits
+and how much pruning they need.
+
+The store holds, per uncertain non-zero weight, its categorical over its window's components
+(eq. 9 at the checkpoint's ``sample_tau``) as codebook indices + cumulative thresholds at 16
+bits (exporters.store.sqs_categorical); a draw compares one 16-bit uniform
+(edge_sdk.store.sampler.uniform_u16 at the weight's flat index) against them. Each
+``--settings`` item ``B[:P]`` quantizes the cumulative probabilities to ``B`` bits (a draw
+compares the uniform's top ``B`` bits: the same uniforms for every setting) after dropping
+the entries whose probability is below ``P`` (renormalised; default 0: only what quantizes to
+zero mass). A weight left with one entry keeps its point value (as the store does). S whole
+networks are drawn per seed set (sample s: seed + s), batch norm re-collected per sample, and
+the S-sample ensemble measured on the test split (torch eval); the reference is ``16`` (what
+the store holds today).
+
+Prints per setting and seed set: the categorical bytes (flags, counts, entries, thresholds),
+uncertain weights and entries, accuracy, NLL, ECE and mean mutual information, then per
+setting the mean over seed sets and the MI change against 16 bits (paired).
+
+    python benchmarks/store_sqs.py --checkpoint runs/s3/fashion-ours/fashion_mnist/sqs/checkpoint.pt \\
+        --settings 16,12,8,16:0.01,8:0.01 --seeds 0,100 --max-eval 1000
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from edge_sdk import metrics as M
+from edge_sdk.store import stream_id
+from edge_sdk.store.packing import bits_for
+from edge_sdk.store.sampler import uniform_u16
+from exporters.slice import make_slice
+from trainer import checkpoint as ckpt_io
+from trainer.config import config_from_dict
+from trainer.data import load_data, nhwc_inputs
+from trainer.evaluate import batches
+from trainer.layers import BayesNestedLayer
+
+
+def categorical(t: dict, tau: float, bits: int, prune: float):
+    """Per non-zero weight: (flat positions, component values [n, K], alive [n, K],
+    cumulative thresholds [n, K] at ``bits`` (the last alive entry's = 2**bits))."""
+    mask = t["mask"].flatten().cpu().numpy().astype(bool)
+    pos = np.flatnonzero(mask)
+    window = t["window"].flatten().long().cpu().numpy()[mask]
+    valid = t["valid"].cpu().numpy().astype(bool)[window]
+    comp = t["codebook"].float().cpu().numpy()[window]
+    r = np.exp(t["log_resp"].float().cpu().numpy().astype(np.float64)) / tau
+    r = np.where(valid, r, -np.inf)
+    r -= r.max(axis=1, keepdims=True)
+    phi = np.exp(r)
+    phi /= phi.sum(axis=1, keepdims=True)
+    if prune > 0:
+        keep = phi >= prune
+        keep[np.arange(len(phi)), phi.argmax(1)] = True
+        phi = np.where(keep, phi, 0.0)
+        phi /= phi.sum(axis=1, keepdims=True)
+    top = 1 << bits
+    cum = np.rint(np.cumsum(phi, axis=1) * top).astype(np.int64)
+    cum[:, -1] = top
+    mass = np.diff(cum, axis=1, prepend=0)
+    alive = (mass > 0) & valid
+    return pos, comp, alive, cum
+
+
+def sizes(alive: np.ndarray, bits: int, book_bits: int) -> tuple[int, int, int]:
+    """(bytes, uncertain weights, entries) of the store's categorical arrays."""
+    count = alive.sum(1)
+    unc = count >= 2
+    nu, ent = int(unc.sum()), int(count[unc].sum())
+    count_bits = bits_for(max(int(count[unc].max(initial=2)) - 1, 1))  # as the store
+    b = (alive.shape[0] + 7) // 8 + (nu * count_bits + 7) // 8 + (ent * book_bits + 7) // 8 \
+        + (((ent - nu) * bits + 7) // 8 if bits <= 8 else 2 * (ent - nu))
+    return b, nu, ent
+
+
+def draw(mu: np.ndarray, pos, comp, alive, cum, bits: int, u16: np.ndarray) -> np.ndarray:
+    """One sample of a layer: each uncertain weight takes the first alive entry whose
+    cumulative threshold exceeds the uniform's top ``bits`` bits."""
+    u = (u16[pos].astype(np.int64) >> (16 - bits))[:, None]
+    hit = alive & (cum > u)
+    j = hit.argmax(1)
+    val = comp[np.arange(len(pos)), j]
+    certain = alive.sum(1) < 2
+    out = mu.reshape(-1).copy()
+    out[pos] = np.where(certain, out[pos], val)
+    return out.reshape(mu.shape)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--width", type=float, default=1.0)
+    p.add_argument("--settings", default="16,12,8,16:0.01,8:0.01")
+    p.add_argument("--seeds", default="0,100", help="seed sets (sample s: seed + s)")
+    p.add_argument("--max-eval", type=int, default=1000)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    ckpt = ckpt_io.load_checkpoint(args.checkpoint)
+    post = ckpt["posterior"]
+    if post.get("kind") != "sqs":
+        p.error("an SQS checkpoint is needed")
+    tau = float(post["sample_tau"])
+    cfg = config_from_dict(ckpt["config"])
+    model = ckpt_io.model_from_checkpoint(ckpt).eval()
+    spec = ckpt_io.input_spec(ckpt)
+    data = load_data(cfg.data, spec)
+    calib = batches(data.train, min(cfg.data.calib_samples, 1024), cfg.seed, batch=256)
+    x, y = nhwc_inputs(data.test, args.max_eval)
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
+    mu = {n: layers[n].weight_mu.detach().cpu().numpy().astype(np.float32) for n in layers}
+    book_bits = {}
+    for n in layers:
+        t = post["tensors"][n]
+        comp = t["codebook"].float().cpu().numpy()[t["valid"].cpu().numpy().astype(bool)]
+        m = t["mask"].cpu().numpy().astype(bool).reshape(mu[n].shape)
+        book_bits[n] = bits_for(np.unique(np.concatenate([comp, mu[n][m]])).size)
+    settings = [s for s in args.settings.split(",") if s]
+    parsed = {s: (int(s.partition(":")[0]), float(s.partition(":")[2] or 0)) for s in settings}
+    cats = {s: {n: categorical(post["tensors"][n], tau, *parsed[s]) for n in layers}
+            for s in settings}
+    seeds = [int(v) for v in args.seeds.split(",")]
+    print(f"{args.checkpoint} (sqs, tau {tau:g}), width {args.width:g}, S = {args.samples}, "
+          f"{len(y)} test samples, seed sets {seeds}", flush=True)
+    for s in settings:
+        tot = [sizes(cats[s][n][2], parsed[s][0], book_bits[n]) for n in layers]
+        print(f"{s:>9}: categorical {sum(t[0] for t in tot):,} B, uncertain "
+              f"{sum(t[1] for t in tot):,}, entries {sum(t[2] for t in tot):,} "
+              f"(per layer B: {'/'.join(str(t[0]) for t in tot)})", flush=True)
+    print(f"{'setting':>9}{'seed':>6}{'acc':>8}{'nll':>8}{'ece':>8}{'MI':>9}", flush=True)
+    res: dict[str, list] = {s: [] for s in settings}
+    for seed in seeds:
+        u = {n: [uniform_u16(seed + k, stream_id(n), mu[n].size) for k in range(args.samples)]
+             for n in layers}
+        for s in settings:
+            probs = []
+            for k in range(args.samples):
+                ws = {n: torch.from_numpy(draw(mu[n], *cats[s][n], parsed[s][0], u[n][k]))
+                      for n in layers}
+                sl = make_slice(model, args.width, calib, ws)
+                with torch.no_grad():
+                    probs.append(torch.softmax(sl(xt).double(), -1).numpy())
+            probs = np.stack(probs)
+            m = M.summarize(probs.mean(0), y)
+            mi = float(M.mutual_information(probs).mean())
+            res[s].append((m["accuracy"], m["nll"], m["ece"], mi))
+            print(f"{s:>9}{seed:>6}{m['accuracy']:>8.4f}{m['nll']:>8.4f}{m['ece']:>8.4f}"
+                  f"{mi:>9.5f}", flush=True)
+    print(f"mean over seed sets; MI change vs {settings[0]} per seed set (paired)")
+    ref = np.array(res[settings[0]])
+    for s in settings:
+        r = np.array(res[s])
+        d = 100 * (r[:, 3] / ref[:, 3] - 1)
+        print(f"{s:>9}  acc {r[:, 0].mean():.4f} nll {r[:, 1].mean():.4f} "
+              f"(d {np.mean(r[:, 1] - ref[:, 1]):+.4f}) ece {r[:, 2].mean():.4f} "
+              f"(d {np.mean(r[:, 2] - ref[:, 2]):+.4f}) MI {r[:, 3].mean():.5f} "
+              f"dMI {' '.join(f'{v:+.1f}%' for v in d)} (mean {d.mean():+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
