@@ -35,9 +35,10 @@ def read_manifest(bundle: Path) -> dict:
     # version 2 adds batch_dim (batch resizing), which one sample at a time does not need;
     # version 3 adds layout: a `files` bundle reads as version 2, a `store` bundle holds one
     # weight store its slices are materialised from (edge_sdk's job: `edge-sdk materialize
-    # BUNDLE --out DIR` writes its files bundle)
-    if manifest["schema_version"] not in (1, 2, 3):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-3")
+    # BUNDLE --out DIR` writes its files bundle); version 4 changes only the store layout's
+    # manifest (keys the reader derives may be left out), so its `files` bundle reads as 3
+    if manifest["schema_version"] not in (1, 2, 3, 4):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-4")
     if manifest.get("layout", "files") != "files":
         raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
                          f"write them with `edge-sdk materialize {bundle} --out DIR`")

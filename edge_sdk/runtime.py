@@ -428,7 +428,7 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
          threads: int | None = None, **kwargs) -> EdgeModel:
     """Load and verify a bundle (schema version, every file's sha256) before anything runs.
 
-    A store bundle (schema version 3, ``layout: store``): ``store.bin`` is read once, its size
+    A store bundle (schema version 3 or 4, ``layout: store``): ``store.bin`` is read once, its size
     and sha256 checked, and decoded; one slice per distinct graph (per width: the point slice,
     a sampled slice, the head slice with the most heads) is materialised, checked against the
     manifest's sha256 and tensors and parsed by the backend here, so a broken store or a

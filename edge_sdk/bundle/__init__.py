@@ -9,11 +9,12 @@ bytes interpreters are built from), :mod:`.writing` (atomic write) and :mod:`.re
 export at a time, and what a killed one left). Import every name from
 here: ``from edge_sdk.bundle import Manifest``.
 
-Schema version 3 (``manifest.yaml``; version 2 is the same without ``layout``, ``store``,
+Schema version 4 (``manifest.yaml``; version 3 is the same without the compact store form
+of docs/store.md §5; version 2 is version 3 without ``layout``, ``store``,
 ``graphs`` and ``materialize``, i.e. layout ``files``; version 1 is version 2 without
 ``batch_dim``, and still reads, as batch-1 slices)::
 
-    schema_version: 3
+    schema_version: 4
     input:            # what predict accepts, before normalisation; model input = (raw - mean) / std
       shape: [1, H, W, C]
       layout: NHWC

@@ -529,21 +529,28 @@ class Manifest(_Record):
         elif expand:
             del out["slices"]
         else:
-            out["graphs"] = _compact_graphs(out["graphs"])
+            # version 4 also leaves out what the reader derives (graphs by reference, the
+            # configuration keys below); a version-3 manifest keeps the form version 3 wrote
+            compact = self.schema_version >= 4
+            if compact:
+                out["graphs"] = _compact_graphs(out["graphs"])
             out["slices"] = {name: sl.to_dict(compact=True) for name, sl in self.slices.items()}
             for c in out["configurations"]:
-                test = _compact_test(c["test"])
+                test = _compact_test(c["test"]) if compact else c["test"]
                 if test is None:  # not expressible by name: this one in the first form
                     continue
                 c["test"] = test
-                c["cascade"] = {t: {k: v for k, v in e.items()
-                                    if k != "max_loss" or v != _CASCADE_MAX_LOSS}
-                                for t, e in c["cascade"].items()}
+                if compact:
+                    c["cascade"] = {t: {k: v for k, v in e.items()
+                                        if k != "max_loss" or v != _CASCADE_MAX_LOSS}
+                                    for t, e in c["cascade"].items()}
                 c["files"] = [f["name"] for f in c["files"]]
                 del c["materialize"]
                 for key in _COMPACT_DEFAULTS:
                     if c[key] == _COMPACT_DEFAULTS[key]:
                         del c[key]
+                if not compact:
+                    continue
                 # what the reader derives from the slices table (exactly: only when equal)
                 derived = _derived(c, c["files"], self.slices, self.num_classes)
                 for key in ("invokes", "output", *_NAMED_DEFAULTS):  # these from scope/samples

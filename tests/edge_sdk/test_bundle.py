@@ -219,10 +219,10 @@ def test_missing_dir_and_manifest(tmp_path: Path) -> None:
 
 def test_unknown_schema_version(tmp_path: Path) -> None:
     data = manifest_dict()
-    data["schema_version"] = 4
+    data["schema_version"] = 5
     bundle = write_raw(tmp_path / "b", data)
     with pytest.raises(BundleError,
-                       match=r"schema_version: unsupported schema version 4.*versions 1, 2, 3"):
+                       match=r"schema_version: unsupported schema version 5.*versions 1, 2, 3, 4"):
         b.read_manifest(bundle, verify=False)
 
 

@@ -30,7 +30,7 @@ def expanded() -> dict:
     """The first version-3 store form: entries and recipes in every configuration; all1 and
     all2 share their first sample file."""
     s = [{"width": "1.00", "sample": i, "heads": 0} for i in range(2)]
-    return {"schema_version": 3, "layout": "store",
+    return {"schema_version": 4, "layout": "store",
             "store": file_entry("store.bin", b"store").to_dict(),
             "input": {"shape": [1, 4, 4, 2], "layout": "NHWC", "dtype": "float32",
                       "value_range": [0.0, 1.0], "mean": [0.0, 0.0], "std": [1.0, 1.0]},
@@ -140,6 +140,27 @@ def test_derivable_keys_are_left_out_and_read_back_exactly():
     assert Manifest.from_dict(old) == m
     assert len(yaml.safe_dump(d)) < len(yaml.safe_dump(old))
     assert Manifest.from_dict(m.to_dict(expand=True)) == m
+
+
+def test_a_version_3_manifest_keeps_the_form_version_3_wrote():
+    """Version 4 is what lets a store manifest leave keys out: a version-3 manifest (read from
+    an older bundle) writes every derived key and its graphs in full, so an edge_sdk that
+    reads only 1..3 can still read it; the compact form is refused by such a reader's version
+    check, never by a missing key."""
+    d = rich()
+    d["schema_version"] = 3
+    m = Manifest.from_dict(d)
+    out = m.to_dict()
+    assert out["schema_version"] == 3
+    for c in out["configurations"]:
+        assert isinstance(c["files"][0], str) and "materialize" not in c  # the slices table
+        for key in ("width", "scope", "samples", "invokes", "output", "temperature_folded",
+                    "weights"):
+            assert key in c
+    assert all("tensors" in g for g in out["graphs"].values())
+    assert out["configurations"][0]["cascade"]["p2"]["max_loss"] == 0.002
+    assert Manifest.from_dict(out) == m
+    assert len(yaml.safe_dump(Manifest.from_dict(rich()).to_dict())) < len(yaml.safe_dump(out))
 
 
 def test_what_the_compact_form_cannot_say_is_written_out():
