@@ -105,28 +105,40 @@ def main() -> None:
                for n in layers}
         for setting in settings:
             got = {n: coded(setting, sig[n], mu[n], step[n]) for n in layers}
-            probs = []
-            for s in range(args.samples):
-                ws = {n: torch.from_numpy((mu[n].reshape(-1) + got[n][0] * eps[n][s])
+            draws = ({n: torch.from_numpy((mu[n].reshape(-1) + got[n][0] * eps[n][s])
                                           .astype(np.float32).reshape(mu[n].shape))
-                      for n in layers}
-                sl = make_slice(model, args.width, calib, ws)
-                with torch.no_grad():
-                    probs.append(torch.softmax(sl(xt).double(), -1).numpy())
-            probs = np.stack(probs)
-            m = M.summarize(probs.mean(0), y)
-            mi = float(M.mutual_information(probs).mean())
+                      for n in layers} for s in range(args.samples))
+            q = ensemble_quality(model, args.width, calib, xt, y, draws)
             kib = sum(g[2] for g in got.values()) / 1024
             bits = "/".join(str(g[1]) for g in got.values())
-            res[setting].append((m["accuracy"], m["nll"], m["ece"], mi))
-            print(f"{setting:>11}{seed:>6}{kib:>8.1f}  {bits:<16}{m['accuracy']:>8.4f}"
-                  f"{m['nll']:>8.4f}{m['ece']:>8.4f}{mi:>9.5f}", flush=True)
-    print("mean over seed sets; MI change vs float32 per seed set (paired)")
-    ref = np.array(res["float32"])
-    for setting in settings:
-        r = np.array(res[setting])
+            res[setting].append(q)
+            print(f"{setting:>11}{seed:>6}{kib:>8.1f}  {bits:<16}{q[0]:>8.4f}"
+                  f"{q[1]:>8.4f}{q[2]:>8.4f}{q[3]:>9.5f}", flush=True)
+    summarise(res, "float32", 11)
+
+
+def ensemble_quality(model, width: float, calib, xt: torch.Tensor, y: np.ndarray,
+                     draws) -> tuple[float, float, float, float]:
+    """(accuracy, NLL, ECE, mean mutual information) of the ensemble of the networks
+    ``draws`` (weight sets), each at ``width`` with its own batch norm re-collected."""
+    probs = []
+    for ws in draws:
+        sl = make_slice(model, width, calib, ws)
+        with torch.no_grad():
+            probs.append(torch.softmax(sl(xt).double(), -1).numpy())
+    probs = np.stack(probs)
+    m = M.summarize(probs.mean(0), y)
+    return m["accuracy"], m["nll"], m["ece"], float(M.mutual_information(probs).mean())
+
+
+def summarise(res: dict[str, list], ref_key: str, pad: int) -> None:
+    """Per setting the mean over seed sets and the paired change against ``ref_key``."""
+    print(f"mean over seed sets; MI change vs {ref_key} per seed set (paired)")
+    ref = np.array(res[ref_key])
+    for setting, rows in res.items():
+        r = np.array(rows)
         d = 100 * (r[:, 3] / ref[:, 3] - 1)
-        print(f"{setting:>11}  acc {r[:, 0].mean():.4f} nll {r[:, 1].mean():.4f} "
+        print(f"{setting:>{pad}}  acc {r[:, 0].mean():.4f} nll {r[:, 1].mean():.4f} "
               f"(d {np.mean(r[:, 1] - ref[:, 1]):+.4f}) ece {r[:, 2].mean():.4f} "
               f"(d {np.mean(r[:, 2] - ref[:, 2]):+.4f}) MI {r[:, 3].mean():.5f} "
               f"dMI {' '.join(f'{v:+.1f}%' for v in d)} (mean {d.mean():+.1f}%)")

@@ -27,11 +27,11 @@ import argparse
 import numpy as np
 import torch
 
-from edge_sdk import metrics as M
 from edge_sdk.store import stream_id
 from edge_sdk.store.packing import bits_for
 from edge_sdk.store.sampler import uniform_u16
-from exporters.slice import make_slice
+from exporters.store import sqs_probabilities
+from store_sigma import ensemble_quality, summarise
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict
 from trainer.data import load_data, nhwc_inputs
@@ -42,21 +42,8 @@ from trainer.layers import BayesNestedLayer
 def categorical(t: dict, tau: float, bits: int, prune: float):
     """Per non-zero weight: (flat positions, component values [n, K], alive [n, K],
     cumulative thresholds [n, K] at ``bits`` (the last alive entry's = 2**bits))."""
-    mask = t["mask"].flatten().cpu().numpy().astype(bool)
-    pos = np.flatnonzero(mask)
-    window = t["window"].flatten().long().cpu().numpy()[mask]
-    valid = t["valid"].cpu().numpy().astype(bool)[window]
+    pos, window, valid, phi = sqs_probabilities(t, tau, prune)
     comp = t["codebook"].float().cpu().numpy()[window]
-    r = np.exp(t["log_resp"].float().cpu().numpy().astype(np.float64)) / tau
-    r = np.where(valid, r, -np.inf)
-    r -= r.max(axis=1, keepdims=True)
-    phi = np.exp(r)
-    phi /= phi.sum(axis=1, keepdims=True)
-    if prune > 0:
-        keep = phi >= prune
-        keep[np.arange(len(phi)), phi.argmax(1)] = True
-        phi = np.where(keep, phi, 0.0)
-        phi /= phi.sum(axis=1, keepdims=True)
     top = 1 << bits
     cum = np.rint(np.cumsum(phi, axis=1) * top).astype(np.int64)
     cum[:, -1] = top
@@ -138,28 +125,12 @@ def main() -> None:
         u = {n: [uniform_u16(seed + k, stream_id(n), mu[n].size) for k in range(args.samples)]
              for n in layers}
         for s in settings:
-            probs = []
-            for k in range(args.samples):
-                ws = {n: torch.from_numpy(draw(mu[n], *cats[s][n], parsed[s][0], u[n][k]))
-                      for n in layers}
-                sl = make_slice(model, args.width, calib, ws)
-                with torch.no_grad():
-                    probs.append(torch.softmax(sl(xt).double(), -1).numpy())
-            probs = np.stack(probs)
-            m = M.summarize(probs.mean(0), y)
-            mi = float(M.mutual_information(probs).mean())
-            res[s].append((m["accuracy"], m["nll"], m["ece"], mi))
-            print(f"{s:>9}{seed:>6}{m['accuracy']:>8.4f}{m['nll']:>8.4f}{m['ece']:>8.4f}"
-                  f"{mi:>9.5f}", flush=True)
-    print(f"mean over seed sets; MI change vs {settings[0]} per seed set (paired)")
-    ref = np.array(res[settings[0]])
-    for s in settings:
-        r = np.array(res[s])
-        d = 100 * (r[:, 3] / ref[:, 3] - 1)
-        print(f"{s:>9}  acc {r[:, 0].mean():.4f} nll {r[:, 1].mean():.4f} "
-              f"(d {np.mean(r[:, 1] - ref[:, 1]):+.4f}) ece {r[:, 2].mean():.4f} "
-              f"(d {np.mean(r[:, 2] - ref[:, 2]):+.4f}) MI {r[:, 3].mean():.5f} "
-              f"dMI {' '.join(f'{v:+.1f}%' for v in d)} (mean {d.mean():+.1f}%)")
+            draws = ({n: torch.from_numpy(draw(mu[n], *cats[s][n], parsed[s][0], u[n][k]))
+                      for n in layers} for k in range(args.samples))
+            q = ensemble_quality(model, args.width, calib, xt, y, draws)
+            res[s].append(q)
+            print(f"{s:>9}{seed:>6}{q[0]:>8.4f}{q[1]:>8.4f}{q[2]:>8.4f}{q[3]:>9.5f}", flush=True)
+    summarise(res, settings[0], 9)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from exporters.slice import classifier_name, make_slice
 from exporters.tflite import lower_point_slice
 from trainer.layers import BayesNestedLayer
 
-__all__ = ["StoreBuild", "build_store", "encode_sigma", "sqs_categorical"]
+__all__ = ["StoreBuild", "build_store", "encode_sigma", "sqs_categorical", "sqs_probabilities"]
 
 _U16 = 1 << 16
 #: SQS sampled store: a categorical entry below this probability is dropped and the rest
@@ -70,18 +70,15 @@ def _codebook(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return book, np.searchsorted(book, values.astype(np.float32)), bits_for(max(book.size, 1))
 
 
-def sqs_categorical(t: dict, tau: float, book: np.ndarray,
-                    min_prob: float = SQS_MIN_PROB) -> dict:
-    """One SQS tensor's categorical over its window's codebook entries (eq. 9 at sampling
-    temperature ``tau``), in the store's sparse form (docs/store.md §2): per non-zero weight
-    the entries of probability >= ``min_prob`` (the argmax always; renormalised) whose
-    probability survives 16-bit quantization, their store-codebook indices and cumulative
-    uint16 thresholds. Weights left with one entry are certain (their point value: no bytes).
-    Returns the arrays' values and counts."""
+def sqs_probabilities(t: dict, tau: float, min_prob: float = SQS_MIN_PROB
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One SQS tensor's categorical per non-zero weight (eq. 9 at sampling temperature
+    ``tau``): (flat positions of the non-zero weights, their windows, valid components
+    [n, K], probabilities [n, K]), entries below ``min_prob`` dropped (the argmax always
+    kept) and the rest renormalised."""
     mask = t["mask"].flatten().cpu().numpy().astype(bool)
     window = t["window"].flatten().long().cpu().numpy()[mask]
     valid = t["valid"].cpu().numpy().astype(bool)[window]  # [n, K]
-    comp = t["codebook"].double().cpu().numpy()  # [windows, K]
     r = np.exp(t["log_resp"].float().cpu().numpy().astype(np.float64)) / tau
     r = np.where(valid, r, -np.inf)
     r -= r.max(axis=1, keepdims=True)
@@ -92,6 +89,19 @@ def sqs_categorical(t: dict, tau: float, book: np.ndarray,
         keep[np.arange(len(phi)), phi.argmax(axis=1)] = True
         phi = np.where(keep, phi, 0.0)
         phi /= phi.sum(axis=1, keepdims=True)
+    return np.flatnonzero(mask), window, valid, phi
+
+
+def sqs_categorical(t: dict, tau: float, book: np.ndarray,
+                    min_prob: float = SQS_MIN_PROB) -> dict:
+    """One SQS tensor's categorical over its window's codebook entries (eq. 9 at sampling
+    temperature ``tau``), in the store's sparse form (docs/store.md §2): per non-zero weight
+    the entries of probability >= ``min_prob`` (the argmax always; renormalised) whose
+    probability survives 16-bit quantization, their store-codebook indices and cumulative
+    uint16 thresholds. Weights left with one entry are certain (their point value: no bytes).
+    Returns the arrays' values and counts."""
+    _, window, valid, phi = sqs_probabilities(t, tau, min_prob)
+    comp = t["codebook"].double().cpu().numpy()  # [windows, K]
     cum = np.rint(np.cumsum(phi, axis=1) * _U16).astype(np.int64)
     cum[:, -1] = _U16
     mass = np.diff(cum, axis=1, prepend=0)
