@@ -276,7 +276,12 @@ class SQSConfig:
     prior_sigma: float = _opt(1.0, min=0.0, min_exclusive=True)
     # fine-tuning epochs (the paper compresses ResNets within 10)
     epochs: int = _opt(5, min=1)
+    # Adam's lr (App. D.2's 1e-3); issue 17, cifar10_dev (10k images, 1 epoch, validation):
+    # 1e-3 cost 4.2 .. 11.3 pt, 3e-4 0.5 .. 1.65, 1e-4 1.3 .. 1.65 -- the cifar10 config sets 3e-4
     lr: float = _opt(1e-3, min=0.0, min_exclusive=True)
+    # fine-tune on a seeded random subset of this many training samples (null = all of them):
+    # the quantizer's cost is then fixed, whatever the data set's size (issue 17, goal 4)
+    subset: int | None = _opt(None, min=1)
     # exponent of the polynomial schedule taking the prior keep probability from 1 to nonzero
     schedule_power: float = _opt(3.0, min=1.0)
     # top-k over the whole network (global) or within each tensor (layer)

@@ -72,14 +72,17 @@ def test_builtin_file_values_override_defaults(name):
     stated = yaml.safe_load(text)
     loaded = config_to_dict(load_config(name))
     defaults = config_to_dict(Config())
-    for section, value in stated.items():
-        if isinstance(value, dict):
-            for key, v in value.items():
-                assert loaded[section][key] == v, f"{section}.{key}"
-            for key in set(defaults[section]) - set(value):
-                assert loaded[section][key] == defaults[section][key], f"{section}.{key}"
-        else:
-            assert loaded[section] == value
+
+    def check(stated, loaded, defaults, path):
+        for key, v in stated.items():
+            if isinstance(v, dict) and isinstance(defaults.get(key), dict) and key != "kwargs":
+                check(v, loaded[key], defaults[key], f"{path}{key}.")  # a nested section
+            else:
+                assert loaded[key] == v, f"{path}{key}"
+        for key in set(defaults) - set(stated):
+            assert loaded[key] == defaults[key], f"{path}{key}"
+
+    check(stated, loaded, defaults, "")
 
 
 def test_none_is_the_defaults_and_missing_keys_take_defaults(tmp_path):

@@ -531,3 +531,21 @@ def test_cli_quantize_sqs_end_to_end(sqs_run, tmp_path):
     ckpt = ckpt_io.load_checkpoint(path)
     assert ckpt["posterior"]["kind"] == "sqs"
     assert ckpt["metrics"]["sqs"]["rate"] == 16
+
+
+# ------------------------------------------------------------------- fine-tuning subset
+def test_fine_tuning_subset_is_a_seeded_sample_of_the_training_split():
+    from trainer.data import ArrayDataset
+
+    n = 50
+    x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 1, 2, 2).contiguous()
+    train = ArrayDataset(x, torch.arange(n) % 3, np.zeros((n, 2, 2, 1), np.uint8))
+    assert sqs_mod.fine_tuning_set(train, None, 0) is train
+    assert sqs_mod.fine_tuning_set(train, n + 5, 0) is train  # larger than the split: all of it
+    a, b = (sqs_mod.fine_tuning_set(train, 20, s) for s in (0, 0))
+    rows = a.x[:, 0, 0, 0].long()
+    assert len(a) == 20 and len(set(rows.tolist())) == 20  # distinct rows of the split
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, train.y[rows])  # seeded, labels follow
+    assert not torch.equal(sqs_mod.fine_tuning_set(train, 20, 1).x, a.x)
+    with pytest.raises(ConfigError, match="subset"):
+        load_config("digits", ["quantize.sqs.subset=0"])

@@ -38,7 +38,7 @@ from torch.nn.utils import parametrize
 from edge_sdk import metrics as M
 from edge_sdk.errors import ConfigError
 from trainer.config import Config, SQSConfig, validate
-from trainer.data import DataSplits
+from trainer.data import DataSplits, subset
 from trainer.evaluate import batches, predict_probs, recollect_bn
 from trainer.layers import BayesNestedLayer
 from trainer.models import NestedModel
@@ -298,17 +298,25 @@ def sqs_(model: NestedModel, cfg: SQSConfig, data: DataSplits, train_config: Con
     return _finalise(model, post, thetas, layers, cfg, calib, test, widths, before)
 
 
+def fine_tuning_set(train, size: int | None, seed: int):
+    """The training split, or a seeded random ``size`` of it (``SQSConfig.subset``)."""
+    if size is None or size >= len(train):
+        return train
+    return subset(train, np.random.default_rng(seed).permutation(len(train))[:size])
+
+
 def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: Config,
            progress: bool) -> None:
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(train_config.seed)
-    loader = torch.utils.data.DataLoader(data.train, batch_size=train_config.train.batch_size,
+    train_set = fine_tuning_set(data.train, cfg.subset, train_config.seed)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=train_config.train.batch_size,
                                          shuffle=True, generator=gen,
-                                         drop_last=len(data.train) > train_config.train.batch_size)
+                                         drop_last=len(train_set) > train_config.train.batch_size)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     total = cfg.epochs * len(loader)
-    n = len(data.train)
+    n = len(train_set)  # the KL per fine-tuning sample (as with a subset split)
     model.set_tau(train_config.ordering.tau_end, hard=train_config.ordering.hard)
     model.set_mask_scope(train_config.ordering.mask_scope)
     device = model_device(model)
