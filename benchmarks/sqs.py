@@ -3,6 +3,10 @@
 
     python benchmarks/sqs.py --checkpoint runs/fashion_mnist/checkpoint.pt [--epochs 2]
         [--train-subset 10000] [--settings 4x0.5,2x0.5]
+
+Screening a setting (issue 17's fine-tuning lr): ``--eval val`` measures on the validation
+split instead of the test split, ``--lrs`` runs each Adam lr per setting, e.g.
+``--settings 4x0.5 --epochs 1 --train-subset 10000 --lrs 1e-3,3e-4,1e-4 --eval val --samples 1``.
 """
 from __future__ import annotations
 
@@ -28,6 +32,9 @@ def main() -> None:
     p.add_argument("--train-subset", type=int, default=10000)
     p.add_argument("--settings", default="4x0.5,2x0.5", help="bits x nonzero, comma separated")
     p.add_argument("--samples", default="4,8")
+    p.add_argument("--lrs", default=None, help="Adam lrs to screen (default: the config's)")
+    p.add_argument("--eval", choices=("test", "val"), default="test",
+                   help="split every figure is measured on (screen on val, never on test)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -38,17 +45,22 @@ def main() -> None:
     if args.train_subset and args.train_subset < len(data.train):
         idx = np.random.default_rng(0).permutation(len(data.train))[: args.train_subset]
         data = replace(data, train=subset(data.train, idx, augment=data.train.augment))
+    if args.eval == "val":
+        data = replace(data, test=data.val)  # sqs_ reports on data.test
     widths = cfg.train.eval_widths
     calib = batches(data.train, cfg.data.calib_samples, cfg.seed)
     test = batches(data.test)
     sample_counts = [int(m) for m in args.samples.split(",")]
     print(f"checkpoint {args.checkpoint}; {cfg.data.source}; fine-tuning {args.epochs} epoch(s) "
-          f"on {len(data.train)} samples; test split {len(data.test)}")
+          f"on {len(data.train)} samples; {args.eval} split {len(data.test)}")
     rows = []
-    for setting in args.settings.split(","):
+    lrs = [float(v) for v in args.lrs.split(",")] if args.lrs else [cfg.quantize.sqs.lr]
+    for setting, lr in [(s, lr) for s in args.settings.split(",") for lr in lrs]:
         bits, nonzero = setting.split("x")
         sq = replace(cfg.quantize.sqs, bits=int(bits), nonzero=float(nonzero),
-                     epochs=args.epochs, samples=1)
+                     epochs=args.epochs, samples=1, lr=lr, subset=None)
+        if args.lrs:
+            setting = f"{setting}@{lr:g}"
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         res = sqs_(m, sq, data, cfg, progress=False, log=lambda *a: None)
