@@ -75,17 +75,8 @@ def main() -> None:
     p.add_argument("--max-eval", type=int, default=2000)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    ckpt = ckpt_io.load_checkpoint(args.checkpoint)
+    ckpt, model, spec, calib, xt, y, layers = setup(args)
     kind = posterior_kind(ckpt)
-    cfg = config_from_dict(ckpt["config"])
-    model = ckpt_io.model_from_checkpoint(ckpt).eval()
-    spec = ckpt_io.input_spec(ckpt)
-    data = load_data(cfg.data, spec)
-    calib = batches(data.train, min(cfg.data.calib_samples, 1024), cfg.seed, batch=256)
-    x, y = nhwc_inputs(data.test, args.max_eval)
-    xt = torch.from_numpy(x).permute(0, 3, 1, 2)
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
     store = build_store(model, ckpt, kind, [args.width], calib, list(spec.shape)).store
     post = ckpt.get("posterior") or {}
     mu = {n: decode_point(store, n) for n in layers}
@@ -115,6 +106,22 @@ def main() -> None:
             print(f"{setting:>11}{seed:>6}{kib:>8.1f}  {bits:<16}{q[0]:>8.4f}"
                   f"{q[1]:>8.4f}{q[2]:>8.4f}{q[3]:>9.5f}", flush=True)
     summarise(res, "float32", 11)
+
+
+def setup(args):
+    """(checkpoint, its model in eval mode, input spec, BN calibration batches, the first
+    ``args.max_eval`` test inputs [N, C, H, W] and labels, its Bayesian layers by name) at
+    ``args.threads`` torch threads."""
+    torch.set_num_threads(args.threads)
+    ckpt = ckpt_io.load_checkpoint(args.checkpoint)
+    cfg = config_from_dict(ckpt["config"])
+    model = ckpt_io.model_from_checkpoint(ckpt).eval()
+    spec = ckpt_io.input_spec(ckpt)
+    data = load_data(cfg.data, spec)
+    calib = batches(data.train, min(cfg.data.calib_samples, 1024), cfg.seed, batch=256)
+    x, y = nhwc_inputs(data.test, args.max_eval)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
+    return ckpt, model, spec, calib, torch.from_numpy(x).permute(0, 3, 1, 2), y, layers
 
 
 def ensemble_quality(model, width: float, calib, xt: torch.Tensor, y: np.ndarray,

@@ -31,12 +31,7 @@ from edge_sdk.store import stream_id
 from edge_sdk.store.packing import bits_for
 from edge_sdk.store.sampler import uniform_u16
 from exporters.store import sqs_probabilities
-from store_sigma import ensemble_quality, summarise
-from trainer import checkpoint as ckpt_io
-from trainer.config import config_from_dict
-from trainer.data import load_data, nhwc_inputs
-from trainer.evaluate import batches
-from trainer.layers import BayesNestedLayer
+from store_sigma import ensemble_quality, setup, summarise
 
 
 def categorical(t: dict, tau: float, bits: int, prune: float):
@@ -86,20 +81,11 @@ def main() -> None:
     p.add_argument("--max-eval", type=int, default=1000)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    ckpt = ckpt_io.load_checkpoint(args.checkpoint)
-    post = ckpt["posterior"]
+    ckpt, model, _, calib, xt, y, layers = setup(args)
+    post = ckpt.get("posterior") or {}
     if post.get("kind") != "sqs":
         p.error("an SQS checkpoint is needed")
     tau = float(post["sample_tau"])
-    cfg = config_from_dict(ckpt["config"])
-    model = ckpt_io.model_from_checkpoint(ckpt).eval()
-    spec = ckpt_io.input_spec(ckpt)
-    data = load_data(cfg.data, spec)
-    calib = batches(data.train, min(cfg.data.calib_samples, 1024), cfg.seed, batch=256)
-    x, y = nhwc_inputs(data.test, args.max_eval)
-    xt = torch.from_numpy(x).permute(0, 3, 1, 2)
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
     mu = {n: layers[n].weight_mu.detach().cpu().numpy().astype(np.float32) for n in layers}
     book_bits = {}
     for n in layers:

@@ -148,9 +148,10 @@ class Configurations:
 
 
 def store_width(out: Configurations, build, width: float, scopes: Sequence[str], s_max: int,
-                point_stats: tuple, counts: Sequence[int] | None = None) -> dict:
+                point_stats: tuple, counts: Sequence[int]) -> dict:
     """Add width ``width``'s configurations of a store bundle to ``out``: point; head S and
-    all S for S in ``counts`` (default 1 .. S_max; must include S_max). Every file is
+    all S for S in ``counts`` (``exporters.export.sample_counts``: sorted, ending at S_max;
+    empty without samples). Every file is
     materialised from ``build.store`` (the decoded store the device will hold). Quality of
     all-S is that of the first S samples' files; quality of head-S is the S_max head's first S rows: the stacked classifier is quantized per
     row, so head S's rows are bit for bit head S_max's first S (tests/exporters/test_store.py
@@ -159,7 +160,7 @@ def store_width(out: Configurations, build, width: float, scopes: Sequence[str],
     wk = width_key(width)
     graph = build.graphs[wk]
     notes: dict[str, dict] = {}
-    counts = list(range(1, s_max + 1)) if counts is None else sorted(counts)
+    counts = list(counts)
     if ("head" in scopes or "all" in scopes) and (not counts or counts[-1] != s_max):
         raise ValueError(f"sample counts {counts} must end at S_max = {s_max}")
 

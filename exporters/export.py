@@ -308,13 +308,12 @@ def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
                         seed=opts.seed, weights=opts.weights, sigma_bits=opts.sigma_bits,
                         sigma_rel_tol=opts.sigma_rel_tol, device=device)
     weight_notes: dict = {}
+    counts = sample_counts(s_max, opts.sample_counts) if s_max else ()
     bar = _bar(widths, progress)
     for w in bar:
         bar.set_postfix_str(f"width {w:g}")
         stats = _codebook_stats(model.truncate(w), kind) if "point" in opts.scopes else ()
-        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats,
-                                        counts=sample_counts(s_max, opts.sample_counts)
-                                        if s_max else ()))
+        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats, counts))
     bar.close()
     name = "store.bin"
     extra.update(store=B.file_entry(name, build.data, B.StoreEntry).to_dict(),

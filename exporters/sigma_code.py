@@ -135,9 +135,16 @@ def _lloyd_code(s: np.ndarray, ref: np.ndarray, coding: str, bits: int,
     idx[pos] = j + off
     book = np.concatenate([np.zeros(off, np.float32), book32]).astype(np.float32)
     code = SigmaCode(coding, book, idx, (book.size - 1).bit_length(), 0.0)
-    got = code.decode(ref if coding == "relative" else None).astype(np.float64)
-    code.rms = float(np.sqrt(np.mean((np.log(got[pos]) - np.log(s[pos])) ** 2)))
+    code.rms = _rms_log(code.decode(ref if coding == "relative" else None), s)
     return code
+
+
+def _rms_log(got: np.ndarray, s: np.ndarray) -> float:
+    """RMS log error of the decoded sigmas ``got`` over the non-zero ``s`` (0 when none)."""
+    pos = s > 0
+    if not pos.any():
+        return 0.0
+    return float(np.sqrt(np.mean((np.log(got[pos].astype(np.float64)) - np.log(s[pos])) ** 2)))
 
 
 def relative_code(sigma: np.ndarray, mu_dec: np.ndarray, step: np.ndarray, bits: int,
@@ -169,7 +176,5 @@ def code_sigma(sigma: np.ndarray, mu_dec: np.ndarray, step: np.ndarray, *, bits:
             if c.rms <= rel_tol:
                 return c
     book, idx = encode_sigma(s, bits)
-    got = np.take(book, idx).astype(np.float64)
-    pos = s > 0
-    rms = float(np.sqrt(np.mean((np.log(got[pos]) - np.log(s[pos])) ** 2))) if pos.any() else 0.
-    return SigmaCode("absolute", book, idx, (book.size - 1).bit_length(), rms)
+    return SigmaCode("absolute", book, idx, (book.size - 1).bit_length(),
+                     _rms_log(np.take(book, idx), s))

@@ -134,8 +134,7 @@ def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | No
         arrays[f"{name}/codes"] = qt.values
         entry.update(encoding="int8", bits=8, route="int8")
         step = qt.scale
-        mu_dec = qt.values.astype(np.float32) * step.astype(np.float32).reshape(
-            (-1,) + (1,) * (mu.ndim - 1))  # decode_point's arithmetic
+        mu_dec = qt.dequantize()  # codes * step, float32: what decode_point gives the device
     else:
         sqs = posterior == "sqs"
         if sqs:
