@@ -69,6 +69,11 @@ VARIANTS.update({
     "recipe-distill": _RECIPE + ["train.distill=false"],
     # at 32x32 the VGG11 plan ends at 1x1: no hidden dense layer = GAP into the classifier
     "recipe+gap": _RECIPE + ["model.kwargs.hidden=0"],
+    # the sandwich sums three passes' losses: the shared weights' step is ~3x a plain net's at
+    # the same lr; half the lr tests whether the full width is over-stepped
+    "recipe+lr0.025": _RECIPE + ["train.lr=0.025"],
+    # US-Nets' n = 4: two uniform middle widths per step instead of one (a 4th pass)
+    "recipe+mid2": _RECIPE + ["train.sampled_passes=2"],
 })
 
 

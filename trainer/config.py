@@ -197,6 +197,8 @@ class TrainConfig:
     # the sampled pass's width: the ordering's Downhill draw, or uniform over the group
     # boundaries between min_width and 1 (US-Nets' random widths; trainer/regime.py)
     sampled_width: str = _opt("downhill", choices=("downhill", "uniform"))
+    # sampled passes per step (US-Nets' sandwich trains 2 random widths besides the extremes)
+    sampled_passes: int = _opt(1, min=1)
     # in-place distillation: with sandwich, the sampled and smallest widths learn the full
     # width's (detached) soft predictions instead of the labels
     distill: bool = True

@@ -15,6 +15,8 @@ the ordering's sampling, not from the KL or the weight noise), so a step can add
   group boundaries strictly between the sandwich's narrowest and the full width (US-Nets'
   random widths) instead of a Downhill draw, which at the learned keep probabilities (~0.96
   per group) stops at a middle width a few percent of the steps;
+- ``train.sampled_passes``: how many sampled passes a step runs (US-Nets trains two random
+  widths besides the largest and the smallest);
 - ``train.distill``: in-place distillation (US-Nets §3.3): the full width learns the labels,
   the sampled and smallest widths its detached soft predictions;
 - ``bayes.noise_start``: the first fraction of the epochs runs the posterior means (one
@@ -56,15 +58,16 @@ def distillation_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor)
 def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor, *,
                mask_coupling: str, sandwich: bool, distill: bool, noise: bool,
                regularizer: Callable[[], torch.Tensor],
-               min_width: float | None = None, sampled_width: str = "downhill"
-               ) -> StepResult:
+               min_width: float | None = None, sampled_width: str = "downhill",
+               sampled_passes: int = 1) -> StepResult:
     """Forward and backward every pass of one step (the caller zeroes grads and steps).
 
     ``net`` is ``model`` or its DDP wrapper; ``regularizer()`` is added once per step (to the
     first pass); ``noise=False`` runs every Bayesian layer at its posterior mean;
     ``min_width`` is the sandwich rule's narrowest width (default: the model's minimum);
     ``sampled_width`` is ``"downhill"`` (the ordering's own draw) or ``"uniform"``
-    (:func:`uniform_width`).
+    (:func:`uniform_width`); ``sampled_passes`` is how many such passes a step runs (US-Nets'
+    sandwich: 2 random widths besides the largest and smallest).
     """
     means = contextlib.nullcontext() if noise else model.weight_mode("mean")
     total = 0.0
@@ -87,20 +90,24 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
             return F.cross_entropy(logits, y)
 
         units = model.orderings()
-        if sampled_width == "uniform":
-            with model.width(uniform_width(model, min_width or model.min_width()),
-                             scaled=False):
-                logits = net(x)
-        else:
-            if mask_coupling == "network":
-                coupled_gumbel(units, len(x))
-            try:
-                logits = net(x)
-            finally:
-                clear_coupling(units)
-        loss = target_loss(logits) + (reg if reg is not None else 0.0)
-        loss.backward()
-        total += loss.item()
+        logits = None
+        for _ in range(sampled_passes):
+            if sampled_width == "uniform":
+                with model.width(uniform_width(model, min_width or model.min_width()),
+                                 scaled=False):
+                    out = net(x)
+            else:
+                if mask_coupling == "network":
+                    coupled_gumbel(units, len(x))
+                try:
+                    out = net(x)
+                finally:
+                    clear_coupling(units)
+            loss = target_loss(out) + (reg if reg is not None else 0.0)
+            loss.backward()
+            total += loss.item()
+            reg = None
+            logits = out if logits is None else logits
         if sandwich:
             with model.width(min_width or model.min_width(), scaled=False):
                 loss = target_loss(net(x))
@@ -116,7 +123,8 @@ def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: to
     return train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
                       sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
                       regularizer=regularizer, min_width=sandwich_min_width(model, cfg),
-                      sampled_width=cfg.train.sampled_width)
+                      sampled_width=cfg.train.sampled_width,
+                      sampled_passes=cfg.train.sampled_passes)
 
 
 def sandwich_min_width(model: NestedModel, cfg: Config) -> float:

@@ -166,6 +166,31 @@ def test_uniform_sampled_width_visits_every_middle_boundary_and_nothing_else():
     assert uniform_width(model, 7 / 8) == 7 / 8  # nothing strictly between: the narrowest
 
 
+def test_sampled_passes_runs_that_many_middle_widths_and_adds_the_regularizer_once():
+    """sampled_passes=2 (US-Nets' n = 4): full, two uniform middle widths, narrowest; the
+    regularizer is charged once per step however many passes run."""
+    model = _model(groups=8)
+    model.set_mask_scope("batch")
+    model.train()
+    visits = []
+    h = model.nested_layers()[0].register_forward_hook(
+        lambda m, i, o: visits.append(m.ordering.fixed_groups))
+    x, y = _batch()
+    charged = []
+
+    def reg():
+        charged.append(1)
+        return torch.zeros((), requires_grad=True)
+
+    torch.manual_seed(0)
+    _step(model, x, y, sandwich=True, min_width=0.25, sampled_width="uniform",
+          sampled_passes=2, regularizer=reg)
+    h.remove()
+    assert len(visits) == 4 and visits[0] == 8 and visits[3] == 2
+    assert all(2 < g < 8 for g in visits[1:3])
+    assert charged == [1]
+
+
 def test_without_sandwich_a_step_is_one_sampled_pass():
     model = _model()
     model.train()
