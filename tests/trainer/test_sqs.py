@@ -402,6 +402,52 @@ def test_gradients_reach_theta_scores_and_components():
     assert bool((t.mu.grad[t.valid] != 0).all())
 
 
+def test_one_parametrization_per_step_gives_the_per_pass_gradients():
+    """step_parametrization evaluates phi once for a sandwich step's four passes; every
+    parameter's gradient (theta, the GMM, the keep scores, the rest of the network) equals the
+    one from re-evaluating the parametrization in every pass."""
+    from trainer.models import create_model
+    from trainer.regime import regime_step
+
+    cfg = load_config("digits", ["train.sandwich=true", "train.sampled_width=uniform",
+                                 "train.sampled_passes=2", "ordering.mask_scope=batch"])
+    torch.manual_seed(0)
+    base = create_model("nested_cnn_small", num_classes=10, in_channels=1, input_size=8)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g)
+    grads = []
+    for cached in (False, True):
+        model = copy.deepcopy(base)
+        model.train()
+        model.set_mask_scope("batch")
+        layers = [(n, m) for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)]
+        post = {}
+        for n, m in layers:
+            post[n] = SQSTensor(m.weight_mu, SQSConfig(tau=0.5, bits=2))
+            parametrize.register_parametrization(m, "weight_mu", post[n])
+
+        def reg(k_stars=None):
+            return sum(post[n].kl(m.parametrizations.weight_mu.original, 0.7, 1.0,
+                                  None if k_stars is None else k_stars[n])
+                       for n, m in layers) / 100
+
+        torch.manual_seed(7)  # the same middle widths in both runs
+        with model.weight_mode("mean"):
+            if cached:
+                with sqs_mod.step_parametrization(post, layers) as k_stars:
+                    regime_step(model, model, x, y, cfg, noise=False,
+                                regularizer=lambda: reg(k_stars))
+            else:
+                regime_step(model, model, x, y, cfg, noise=False, regularizer=reg)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+        assert all(t.step_weight is None for t in post.values())  # the block cleans up
+    assert grads[0].keys() == grads[1].keys()
+    assert any("original" in n for n in grads[0]) and any(".s" in n for n in grads[0])
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-7, msg=n)
+
+
 # ----------------------------------------------------------- 7. phi and log-space maths
 def test_phi_is_a_distribution_over_the_weights_own_window():
     theta = _outlier_tensor(4)

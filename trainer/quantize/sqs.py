@@ -25,6 +25,7 @@ Biases and batch norm stay float. ``sqs_(model, SQSConfig(...), data)`` quantize
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import sys
@@ -180,16 +181,29 @@ class SQSTensor(nn.Module):
     def keep_probability(self) -> torch.Tensor:
         return torch.sigmoid(self.s / self.tau_prune)  # eq. 33
 
-    def forward(self, theta: torch.Tensor) -> torch.Tensor:
-        mean = (self.phi(theta) * self.mu[self.window]).sum(-1)
-        return (self.keep_probability() * mean).view(self.shape)
+    def mean_and_mode(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean weight lambda sum_k mu_k phi_k (shaped like the tensor) and each weight's
+        arg-max component k* (eq. 34), from one evaluation of phi."""
+        phi = self.phi(theta)
+        mean = (phi * self.mu[self.window]).sum(-1)
+        return (self.keep_probability() * mean).view(self.shape), phi.detach().argmax(-1)
 
-    def kl(self, theta: torch.Tensor, prior_keep: float, prior_sigma: float) -> torch.Tensor:
-        """eq. 8's two KL terms for this tensor."""
+    def forward(self, theta: torch.Tensor) -> torch.Tensor:
+        if self.step_weight is not None:  # see step_parametrization
+            return self.step_weight
+        return self.mean_and_mode(theta)[0]
+
+    step_weight: torch.Tensor | None = None
+
+    def kl(self, theta: torch.Tensor, prior_keep: float, prior_sigma: float,
+           k_star: torch.Tensor | None = None) -> torch.Tensor:
+        """eq. 8's two KL terms for this tensor (``k_star``: the components, if known; the
+        term has no gradient through them)."""
         lam = self.keep_probability().clamp(1e-6, 1 - 1e-6)
         p = min(max(prior_keep, 1e-6), 1 - 1e-6)
         bern = lam * torch.log(lam / p) + (1 - lam) * torch.log((1 - lam) / (1 - p))
-        k_star = self.phi(theta).argmax(-1)
+        if k_star is None:
+            k_star = self.phi(theta).argmax(-1)
         mu = self.mu[self.window, k_star]
         sig = self.log_sigma[self.window, k_star].exp()
         gauss = (math.log(prior_sigma) - torch.log(sig)
@@ -333,15 +347,17 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
                 for name, _ in layers:
                     post[name].tau_prune = tau_prune
 
-                def reg(prior_keep=prior_keep) -> torch.Tensor:
-                    kl = sum(post[name].kl(layer.parametrizations.weight_mu.original,
-                                           prior_keep, cfg.prior_sigma) for name, layer in layers)
-                    return kl / n + ordering_regularizer(model, train_config, n)
-
                 opt.zero_grad(set_to_none=True)
-                # the training regime's passes (sandwich, mask scope, coupling)
-                logits = regime_step(model, model, x, y, train_config, noise=False,
-                                     regularizer=reg).logits
+                with step_parametrization(post, layers) as k_stars:
+                    def reg(prior_keep=prior_keep) -> torch.Tensor:
+                        kl = sum(post[name].kl(layer.parametrizations.weight_mu.original,
+                                               prior_keep, cfg.prior_sigma, k_stars[name])
+                                 for name, layer in layers)
+                        return kl / n + ordering_regularizer(model, train_config, n)
+
+                    # the training regime's passes (sandwich, mask scope, coupling)
+                    logits = regime_step(model, model, x, y, train_config, noise=False,
+                                         regularizer=reg).logits
                 opt.step()
                 step += 1
                 bar.update()
@@ -351,6 +367,32 @@ def _train(model, post, layers, cfg: SQSConfig, data: DataSplits, train_config: 
                     bar.set_postfix(prior=f"{prior_keep:.3f}", E_nonzero=f"{sparsity:.3f}",
                                     acc=f"{acc:.3f}", refresh=False)
     bar.close()
+
+
+@contextlib.contextmanager
+def step_parametrization(post: dict, layers):
+    """Evaluate every tensor's parametrization once for a training step's several passes.
+
+    The sandwich regime runs 3-4 forward/backward passes per step, each of which would
+    re-evaluate phi over [weights x K] (nested_vgg at width_mult 0.5: 2.4 M x 16, ~5 s forward
+    and backward on one core, ~10x a pass). Inside the block each layer's ``weight_mu`` is a
+    detached leaf holding the mean weight; the passes accumulate their gradients on it, and
+    leaving the block back-propagates the sum once through phi to theta and the GMM: the same
+    gradient as re-evaluating per pass (up to summation order). Yields {name: k*} for the KL.
+    """
+    graphs, k_stars = [], {}
+    for name, layer in layers:
+        w, k_stars[name] = post[name].mean_and_mode(layer.parametrizations.weight_mu.original)
+        post[name].step_weight = w.detach().requires_grad_()
+        graphs.append((w, post[name].step_weight))
+    try:
+        yield k_stars
+        live = [(w, leaf.grad) for w, leaf in graphs if leaf.grad is not None]
+        if live:
+            torch.autograd.backward([w for w, _ in live], [g for _, g in live])
+    finally:
+        for name, _ in layers:
+            post[name].step_weight = None
 
 
 def _expected_sparsity(post: dict) -> float:
