@@ -569,7 +569,7 @@ def test_cli_quantize_sqs_end_to_end(sqs_run, tmp_path):
     proc = subprocess.run(
         [str(exe), "quantize", str(sqs_run.trained.checkpoint), "--method", "sqs",
          "--out", str(out), "--no-progress", "--set", "quantize.sqs.epochs=1",
-         "--set", "quantize.sqs.samples=2"],
+         "--set", "quantize.sqs.samples=0"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = Path(proc.stdout.strip().splitlines()[-1])
@@ -577,6 +577,10 @@ def test_cli_quantize_sqs_end_to_end(sqs_run, tmp_path):
     ckpt = ckpt_io.load_checkpoint(path)
     assert ckpt["posterior"]["kind"] == "sqs"
     assert ckpt["metrics"]["sqs"]["rate"] == 16
+    # samples 0: the point network is reported, the sampled ensemble is not evaluated
+    assert ckpt["metrics"]["sqs"]["bayes"] == {}
+    assert set(ckpt["metrics"]["sqs"]["greedy"]) == {"0.25", "0.5", "0.75", "1"}
+    assert " - " in proc.stdout.split("SQS:")[1]
 
 
 # ------------------------------------------------------------------- fine-tuning subset

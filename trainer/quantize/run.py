@@ -90,11 +90,13 @@ def quantize_checkpoint(checkpoint: str | os.PathLike, cfg: Config | None = None
 
 
 def _table(title: str, before: dict, point: dict, sampled: dict) -> str:
-    """Per-width accuracy and ECE: before quantization, point network, sampled ensemble."""
+    """Per-width accuracy and ECE: before quantization, point network, sampled ensemble
+    (``-`` where the ensemble was not evaluated: SQS with ``samples: 0``)."""
     lines = [title, f"{'width':>6} {'acc before':>11} {'acc point':>10} {'acc ens':>9} "
                     f"{'ece before':>11} {'ece point':>10} {'ece ens':>9}"]
     for w in sorted(point):
-        b, p, e = before[w], point[w], sampled[w]
-        lines.append(f"{w:>6.3g} {b['accuracy']:>11.4f} {p['accuracy']:>10.4f} "
-                     f"{e['accuracy']:>9.4f} {b['ece']:>11.4f} {p['ece']:>10.4f} {e['ece']:>9.4f}")
+        b, p, e = before[w], point[w], sampled.get(w)
+        ens = (f"{e['accuracy']:>9.4f}", f"{e['ece']:>9.4f}") if e else (f"{'-':>9}",) * 2
+        lines.append(f"{w:>6.3g} {b['accuracy']:>11.4f} {p['accuracy']:>10.4f} {ens[0]} "
+                     f"{b['ece']:>11.4f} {p['ece']:>10.4f} {ens[1]}")
     return "\n".join(lines)

@@ -443,7 +443,7 @@ def _finalise(model, post, thetas, layers, cfg: SQSConfig, calib, test, widths, 
     gen = torch.Generator().manual_seed(0)
     samples = [sample_weights(post, thetas, masks, cfg.sample_tau, gen) for _ in range(cfg.samples)]
     greedy_res = _evaluate(model, calib, test, widths, [greedy])
-    bayes_res = _evaluate(model, calib, test, widths, samples)
+    bayes_res = _evaluate(model, calib, test, widths, samples) if samples else {}
     kept = sum(int(m.sum()) for m in masks.values())
     resp_bytes = sum(t["log_resp"].numel() * 2 for t in tensors.values())
     posterior = {"kind": "sqs", "version": cfg.version, "bits": cfg.bits, "nonzero": cfg.nonzero,
