@@ -216,7 +216,12 @@ class BayesNestedLayer(nn.Module):
         act = _ACTIVATIONS[self.activation]
         if act is not None:
             y = act(y)
-        if self.apply_mask:
+        u = self.ordering
+        # a fixed unscaled width computed as its kept prefix (or the full width) has a mask of 1
+        # on every channel: skip the multiply (~3 % of a training pass at nested_vgg 0.5)
+        ones = (u is not None and u.fixed_groups is not None and not u.fixed_scaled
+                and (k is not None or u.fixed_groups == u.groups))
+        if self.apply_mask and not ones:
             group_mask = self.ordering.forward_mask(y.shape[0])
             channel_mask = group_mask.repeat_interleave(self.out_channels // self.ordering.groups, -1)
             y = y * self._channel_view(channel_mask[:, :y.shape[1]], y.ndim)
