@@ -123,14 +123,15 @@ def _config(cid: str, wk: str, scope: str, samples: int, files: list, recipes: l
             "test": {}, "latency_ms": None, "memory_mb": None, "materialize": recipes}
 
 
-def build(out_dir: str | Path, force: bool = False) -> Path:
+def build(out_dir: str | Path, force: bool = False, compress: bool = False) -> Path:
     """Write the tiny store bundle at ``out_dir``; every listed sha256 is that of the bytes
-    :func:`materialize` makes (as the exporter lists them)."""
+    :func:`materialize` makes (as the exporter lists them). ``compress``: store.bin as the
+    container's version 2 (deflated; the pinned sha256 is version 1's)."""
     from edge_sdk.store import Store
 
     index, arrays = store_arrays()
     store = Store(index=index, arrays=arrays)
-    blob = encode_store(store)
+    blob = encode_store(store, compress=compress)
     graphs = {wk: graph(ch).to_dict() for wk, ch in WIDTHS.items()}
     configs = []
     for wk in WIDTHS:

@@ -104,8 +104,10 @@ class FileSlices(SliceSource):
 
 def read_store(bundle_dir: PathLike, manifest: Manifest) -> Any:
     """The decoded store of a ``store`` bundle: ``store.bin`` read once, its size and sha256
-    checked on those very bytes against ``manifest.store``, then decoded (``decode_store``).
-    BundleError naming the file for a missing, truncated, modified or undecodable store."""
+    checked on those very bytes against ``manifest.store``, then decoded (``decode_store``; a
+    compressed store, container version 2, is inflated only after that check, so nothing
+    unverified reaches zlib). BundleError naming the file for a missing, truncated, modified
+    or undecodable store."""
     from edge_sdk.store import decode_store  # numpy only; imported for store bundles alone
 
     root = Path(bundle_dir)

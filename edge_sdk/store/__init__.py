@@ -3,11 +3,13 @@ posterior sample. Torch-free: numpy only.
 
 - :mod:`.packing`: bit-packed codebook indices and non-zero masks;
 - :mod:`.sampler`: the pinned counter-based sampler ``hash32-v1`` (normals, categoricals);
-- :mod:`.container`: the ``store.bin`` file format (a JSON index plus named arrays);
+- :mod:`.container`: the ``store.bin`` file format (a JSON index plus named arrays; version 2
+  deflate-compressed);
 - :mod:`.quant`: the per-channel int8 grid (shared with the exporter);
 - :mod:`.materialize`: (store, width, sample) -> ``.tflite`` bytes (docs/store.md §3).
 """
-from edge_sdk.store.container import (ALIGN, DTYPES, FORMAT_VERSION, MAGIC, Store,
+from edge_sdk.store.container import (ALIGN, COMPRESSED_VERSION, DTYPES, FORMAT_VERSION, MAGIC,
+                                      MAX_INNER_BYTES, READABLE_VERSIONS, Store, compress_store,
                                       decode_store, encode_store)
 from edge_sdk.store.packing import (bits_for, pack_bits, pack_mask, packed_size, unpack_bits,
                                     unpack_mask)
@@ -18,7 +20,8 @@ from edge_sdk.store.materialize import materialize, materialize_file, materializ
 
 __all__ = [
     "materialize", "materialize_file", "materialize_graph",
-    "ALIGN", "DTYPES", "FORMAT_VERSION", "MAGIC", "Store", "decode_store", "encode_store",
+    "ALIGN", "COMPRESSED_VERSION", "DTYPES", "FORMAT_VERSION", "MAGIC", "MAX_INNER_BYTES",
+    "READABLE_VERSIONS", "Store", "compress_store", "decode_store", "encode_store",
     "bits_for", "pack_bits", "pack_mask", "packed_size", "unpack_bits", "unpack_mask",
     "NORMAL_BOUND", "NORMAL_SCALE", "SAMPLER", "categorical", "hash32", "normal", "stream_id",
     "uniform_u16", "uniform_u32",

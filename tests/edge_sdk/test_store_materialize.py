@@ -97,6 +97,37 @@ def test_a_store_bundle_loads_and_predicts(tiny):
     assert model.predict_batch(np.stack([x, _x(1)]))[0].label == model.predict(x).label
 
 
+def test_a_compressed_store_bundle_loads_and_predicts_as_the_plain_one(tiny, tmp_path,
+                                                                        monkeypatch):
+    """store.bin as the container's version 2: the same slices (the manifest's sha256 of every
+    file is unchanged), the same answers; the device holds the inflated store (its nbytes),
+    not the smaller file."""
+    packed = build(tmp_path / "packed", compress=True)
+    m, m1 = read_manifest(packed), read_manifest(tiny)
+    assert (packed / "store.bin").read_bytes()[8:12] == (2).to_bytes(4, "little")
+    assert m.store.bytes < m1.store.bytes and m.store.sha256 != m1.store.sha256
+    assert m.file_entries() == m1.file_entries()
+    model = edge_sdk.load(packed, profile=None, memory_reader=lambda: PLENTY_MB)
+    plain = edge_sdk.load(tiny, profile=None, memory_reader=lambda: PLENTY_MB)
+    assert model._slices.store.nbytes == plain._slices.store.nbytes == m1.store.bytes
+    x = _x(3)
+    for c in m.configurations:
+        got, want = model.predict(x, config_id=c.id), plain.predict(x, config_id=c.id)
+        assert got.probs == want.probs and got.label == want.label
+    # a flipped bit in the compressed file: refused by the sha256, before a byte is inflated
+    import edge_sdk.store.container as container
+
+    def never(buf):
+        raise AssertionError("inflated before the sha256 was checked")
+
+    blob = bytearray((packed / "store.bin").read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    (packed / "store.bin").write_bytes(bytes(blob))
+    monkeypatch.setattr(container, "_inflate", never)
+    with pytest.raises(BundleError, match=r"checksum mismatch for 'store.bin'"):
+        edge_sdk.load(packed, profile=None)
+
+
 def test_a_flipped_bit_in_the_store_is_refused_at_load(tiny, tmp_path):
     import shutil
 

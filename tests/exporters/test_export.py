@@ -530,12 +530,17 @@ def test_force_replaces_the_bundle(checkpoints, workdir):
     opts = dict(scopes=["point"], measure=False, max_eval=10)
     export_bundle(checkpoints["gaussian"], out, ExportOptions(widths=[0.5, 1.0], **opts),
                   **QUIET)
-    export_bundle(checkpoints["gaussian"], out, ExportOptions(widths=[1.0], force=True, **opts),
+    # store.bin is the container's version 2 (deflated) by default ...
+    assert (out / "store.bin").read_bytes()[8:12] == (2).to_bytes(4, "little")
+    export_bundle(checkpoints["gaussian"], out, ExportOptions(widths=[1.0], force=True,
+                                                              compress_store=False, **opts),
                   **QUIET)
     man = read_manifest(out, verify=True)
     assert list(man.ids) == ["w1.00-point"]
     # the default layout: one weight store, the slice materialised from it
     assert sorted(p.name for p in out.iterdir()) == ["manifest.yaml", "store.bin"]
+    # ... and version 1 with compress_store=False (for a device reader older than version 2)
+    assert (out / "store.bin").read_bytes()[8:12] == (1).to_bytes(4, "little")
     assert not [p for p in workdir.iterdir() if p.name.startswith(".forced")]
 
 

@@ -8,6 +8,7 @@ the checkpoint's own tensors and the files route, never from the code under test
 """
 import hashlib
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +17,16 @@ import torch
 
 torch.set_num_threads(1)
 
+import edge_sdk  # noqa: E402
 from edge_sdk.bundle import check_slice, read_manifest  # noqa: E402
 from edge_sdk.errors import BundleError, ConfigError  # noqa: E402
-from edge_sdk.store import NORMAL_BOUND, decode_store  # noqa: E402
+from edge_sdk.store import NORMAL_BOUND, Store, decode_store, encode_store  # noqa: E402
 from edge_sdk.store.materialize import (decode_point, materialize, materialize_file,  # noqa: E402
                                         materialize_graph, sample_weights)
 from exporters.export import ExportOptions, export_bundle  # noqa: E402
 from exporters.measure import run_tflite  # noqa: E402
 from exporters.slice import make_slice, posterior_kind  # noqa: E402
-from exporters.store import build_store, encode_sigma  # noqa: E402
+from exporters.store import build_store, encode_sigma, store_file_bytes  # noqa: E402
 from exporters.tflite import export_point_slice  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
 from user_nets import ConcatNet  # noqa: E402
@@ -309,7 +311,14 @@ def test_store_bundle_files_are_the_materialised_bytes(bundles, data, kind):
     ids = [f"w{w:.2f}-{s}" for w in WIDTHS for s in
            ["point", *(f"head{k}" for k in range(1, S + 1)), *(f"all{k}" for k in range(1, S + 1))]]
     assert list(m.ids) == ids
-    store = decode_store((out / "store.bin").read_bytes())
+    raw = (out / "store.bin").read_bytes()
+    # the container's version 2 (deflated): smaller than the version-1 bytes it inflates to,
+    # and the manifest's sha256 / bytes are those of the compressed file
+    version, inner = struct.unpack_from("<IQ", raw, 8)
+    assert version == 2 and len(raw) < inner and m.store.bytes == len(raw)
+    assert m.store.sha256 == hashlib.sha256(raw).hexdigest()
+    store = decode_store(raw)
+    assert store.nbytes == inner and len(encode_store(store)) == inner
     seen = {}
     for c in m.configurations:
         for i, f in enumerate(c.files):
@@ -330,6 +339,30 @@ def test_store_bundle_files_are_the_materialised_bytes(bundles, data, kind):
             probs = (probs / probs.sum(-1, keepdims=True)).mean(0)
             assert c.test["raw"]["accuracy"] == pytest.approx((probs.argmax(1) == y).mean(),
                                                               abs=1e-6)
+    # the runtime loads the compressed store and predicts what the materialised files say
+    model = edge_sdk.load(out, profile=None, memory_reader=lambda: 1e9)
+    assert model._slices.store.nbytes == inner
+    spec = m.input  # the test inputs are normalised; predict() takes raw values
+    raw = np.clip(x[:5] * np.float32(spec.std) + np.float32(spec.mean), *spec.value_range)
+    for w in WIDTHS:
+        c = m.configuration(f"w{w:.2f}-point")
+        want = run_tflite(seen[c.files[0].name], x[:5])[:, 0].argmax(-1)
+        assert [model.predict(xi, config_id=c.id).label for xi in raw] == want.tolist()
+
+
+def test_store_file_bytes_compresses_only_when_smaller():
+    """The exporter's rule: version 2 when it is smaller than version 1 (and asked for)."""
+    rng = np.random.default_rng(0)
+    small = Store({"k": 1}, {"codes": np.tile(np.arange(8, dtype=np.int8), 512)})
+    noise = Store({}, {"bytes": rng.integers(0, 256, 4096).astype(np.uint8)})
+    for store in (small, noise):
+        v1 = encode_store(store)
+        assert store_file_bytes(store, compress=False) == v1
+        got = store_file_bytes(store)
+        assert len(got) <= len(v1)
+        assert struct.unpack_from("<I", got, 8)[0] == (2 if store is small else 1)
+        assert decode_store(got).nbytes == len(v1)
+    assert len(store_file_bytes(small)) < len(encode_store(small)) // 4
 
 
 def test_head_s_logits_are_the_first_s_rows_of_head_s_max(bundles, data):

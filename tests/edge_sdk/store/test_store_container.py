@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import struct
+import zlib
 
 import numpy as np
 import pytest
 
 from edge_sdk.errors import BundleError, ConfigError
-from edge_sdk.store.container import (ALIGN, MAGIC, Store, decode_store, encode_store)
+from edge_sdk.store.container import (ALIGN, MAGIC, MAX_INNER_BYTES, Store, compress_store,
+                                      decode_store, encode_store)
 
 DTYPES = [np.float32, np.float16, np.int8, np.uint8, np.uint16, np.int32, np.uint32]
 
@@ -102,8 +104,11 @@ def test_refuses_bad_magic_and_version():
     data = bytearray(encode_store(_store()))
     with pytest.raises(BundleError, match="magic"):
         decode_store(b"EDGESTOX" + bytes(data[8:]))
-    data[8] = 2
-    with pytest.raises(BundleError, match="format version 2, expected 1"):
+    data[8] = 3
+    with pytest.raises(BundleError, match="format version 3, expected one of 1, 2"):
+        decode_store(bytes(data))
+    data[8] = 2  # a version-1 body under a version-2 prefix: not a zlib stream
+    with pytest.raises(BundleError, match="does not inflate"):
         decode_store(bytes(data))
     with pytest.raises(BundleError, match="prefix"):
         decode_store(MAGIC)
@@ -170,3 +175,163 @@ def test_refuses_non_zero_header_padding():
     head = _prefix(b'{"arrays":{},"index":{}}')
     with pytest.raises(BundleError, match="padding after the header"):
         decode_store(head + b"\x01" * (-len(head) % ALIGN))
+
+
+# ------------------------------------------------------------------ version 2: deflated
+def _v2(inner: bytes, stream: bytes | None = None, declared: int | None = None) -> bytes:
+    """A version-2 file by hand: prefix (magic, 2, declared length) + ``stream`` (default: the
+    zlib stream of ``inner``)."""
+    stream = zlib.compress(inner, 9) if stream is None else stream
+    return struct.pack("<8sIQ", MAGIC, 2, len(inner) if declared is None else declared) + stream
+
+
+def _compressible() -> Store:
+    """Mostly-repeating int8 codes, float16 folds, uint8 packed indices: like a real store."""
+    rng = np.random.default_rng(1)
+    return Store(index={"layers": {"fc": {"bits": 4}}},
+                 arrays={"fc/codes": rng.integers(-3, 4, (64, 96)).astype(np.int8),
+                         "fc/sfold": np.repeat(rng.normal(size=8), 16).astype(np.float16),
+                         "fc/idx": np.tile(np.arange(16, dtype=np.uint8), 200),
+                         "empty": np.zeros((0,), np.uint16)})
+
+
+@pytest.mark.parametrize("make", [_store, _compressible, Store])
+def test_version_2_round_trips_every_dtype_and_an_empty_array(make):
+    store = make()
+    v1, v2 = encode_store(store), encode_store(store, compress=True)
+    assert v2[:8] == MAGIC and struct.unpack_from("<IQ", v2, 8) == (2, len(v1))
+    assert zlib.decompress(v2[20:]) == v1  # a plain zlib stream of the version-1 bytes
+    assert compress_store(v1) == v2 and encode_store(store, compress=True) == v2
+    out = decode_store(v2)
+    assert out.index == store.index and set(out.arrays) == set(store.arrays)
+    for name, a in store.arrays.items():
+        b = out.arrays[name]
+        assert b.shape == a.shape and b.dtype == a.dtype.newbyteorder("<")
+        np.testing.assert_array_equal(b, a)
+        assert not b.flags.writeable
+    # zero-copy: every non-empty array sits at its header offset in one buffer (the inflated
+    # version-1 bytes, whose size the store records), not in a copy of its own
+    assert out.nbytes == len(v1) == decode_store(v1).nbytes
+    hlen = struct.unpack_from("<Q", v1, 12)[0]
+    entries = json.loads(v1[20:20 + hlen])["arrays"]
+    base = {out.arrays[n].__array_interface__["data"][0] - e["offset"]
+            for n, e in entries.items() if e["bytes"]}
+    assert len(base) == (1 if any(e["bytes"] for e in entries.values()) else 0)
+
+
+def test_version_1_is_still_the_default_and_still_decodes():
+    store = _compressible()
+    v1 = encode_store(store)
+    assert struct.unpack_from("<I", v1, 8)[0] == 1
+    assert decode_store(v1).arrays["fc/codes"].tolist() == store.arrays["fc/codes"].tolist()
+
+
+def test_version_2_is_smaller_for_a_compressible_store():
+    store = _compressible()
+    v1, v2 = encode_store(store), encode_store(store, compress=True)
+    assert len(v2) < len(v1) / 2
+
+
+def test_version_2_refuses_a_truncated_stream():
+    v2 = encode_store(_compressible(), compress=True)
+    for cut in (1, 4, len(v2) // 2):  # the adler32, mid-stream
+        with pytest.raises(BundleError, match="truncated"):
+            decode_store(v2[:-cut])
+    with pytest.raises(BundleError, match="truncated"):
+        decode_store(v2[:20])  # a prefix and no stream at all
+
+
+def test_version_2_refuses_bytes_after_the_stream():
+    v2 = encode_store(_compressible(), compress=True)
+    with pytest.raises(BundleError, match="1 bytes after the compressed stream, expected none"):
+        decode_store(v2 + b"\x00")
+    with pytest.raises(BundleError, match="bytes after the compressed stream"):
+        decode_store(v2 + v2[20:])  # a second complete stream
+
+
+def test_version_2_refuses_a_wrong_declared_length():
+    v1 = encode_store(_compressible())
+    with pytest.raises(BundleError, match=f"more than the {len(v1) - 1} bytes the prefix"):
+        decode_store(_v2(v1, declared=len(v1) - 1))
+    with pytest.raises(BundleError, match="more than the 0 bytes"):
+        decode_store(_v2(v1, declared=0))
+    with pytest.raises(BundleError, match=f"inflates to {len(v1)} bytes, the prefix declares "
+                                          f"{len(v1) + 1}"):
+        decode_store(_v2(v1, declared=len(v1) + 1))
+
+
+def test_version_2_never_inflates_more_than_the_declared_length(monkeypatch):
+    """The bound is the decompressor's max_length, not a check after inflating everything: a
+    small declared length over a huge stream (a zip bomb) produces at most that + 1 bytes."""
+    made = []
+    real = zlib.decompressobj
+
+    class Spy:
+        def __init__(self):
+            self._d = real()
+
+        def decompress(self, data, max_length=0):
+            out = self._d.decompress(data, max_length)
+            made.append((max_length, len(out)))
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self._d, name)
+
+    monkeypatch.setattr(zlib, "decompressobj", Spy)
+    bomb = _v2(b"", stream=zlib.compress(b"\x00" * (64 << 20), 9), declared=1000)
+    with pytest.raises(BundleError, match="more than the 1000 bytes"):
+        decode_store(bomb)
+    assert made == [(1001, 1001)]
+
+
+def test_version_2_refuses_a_declared_length_above_the_cap(monkeypatch):
+    import edge_sdk.store.container as container
+
+    def never():
+        raise AssertionError("nothing may be inflated for a length above the cap")
+
+    monkeypatch.setattr(container.zlib, "decompressobj", never)
+    with pytest.raises(BundleError, match=f"declares {MAX_INNER_BYTES + 1} inflated bytes, "
+                                          f"above the {MAX_INNER_BYTES} accepted"):
+        decode_store(_v2(b"", stream=b"", declared=MAX_INNER_BYTES + 1))
+    with pytest.raises(BundleError, match="above the"):
+        decode_store(_v2(b"", stream=b"", declared=2 ** 64 - 1))
+
+
+def test_version_2_refuses_a_nested_version_2():
+    v2 = encode_store(_compressible(), compress=True)
+    with pytest.raises(BundleError, match="holds a format version 2 store, expected 1 .*never "
+                                          "nested"):
+        decode_store(_v2(v2))
+    with pytest.raises(ConfigError, match="version-1 store"):
+        compress_store(v2)  # the writer refuses to nest too
+    with pytest.raises(BundleError, match="inflated store: magic b'NOTASTOR'"):
+        decode_store(_v2(b"NOTASTOR" + bytes(v2[8:])))
+    with pytest.raises(BundleError, match="inflated store: 3 bytes, shorter than"):
+        decode_store(_v2(b"EDG"))
+
+
+def test_version_2_refuses_a_flipped_bit_in_the_stream():
+    v2 = bytearray(encode_store(_compressible(), compress=True))
+    v2[-1] ^= 0x01  # the adler32 of the inflated bytes: zlib's own check
+    with pytest.raises(BundleError, match=r"does not inflate \(.*incorrect data check"):
+        decode_store(bytes(v2))
+    v2[-1] ^= 0x01
+    decode_store(bytes(v2))  # restored: decodes again
+    for pos in range(20, len(v2) - 5, max(1, (len(v2) - 25) // 25)):  # zlib header, deflate data
+        bad = bytearray(v2)
+        bad[pos] ^= 0x04
+        with pytest.raises(BundleError, match="^store: "):
+            decode_store(bytes(bad))
+
+
+def test_version_2_inner_errors_are_the_version_1_refusals():
+    """The inflated bytes are checked like a version-1 file: a bad body inside a good stream is
+    refused with the same message."""
+    v1 = bytearray(encode_store(_store()))
+    v1[20] ^= 0x01  # header JSON
+    with pytest.raises(BundleError, match="not valid UTF-8 JSON"):
+        decode_store(_v2(bytes(v1)))
+    with pytest.raises(BundleError, match="run past the end of the payload"):
+        decode_store(_v2(encode_store(_store())[:-1]))
