@@ -72,6 +72,7 @@ VARIANTS.update({
     # the sandwich sums three passes' losses: the shared weights' step is ~3x a plain net's at
     # the same lr; half the lr tests whether the full width is over-stepped
     "recipe+lr0.025": _RECIPE + ["train.lr=0.025"],
+    "recipe+lr0.1": _RECIPE + ["train.lr=0.1"],
     # US-Nets' n = 4: two uniform middle widths per step instead of one (a 4th pass)
     "recipe+mid2": _RECIPE + ["train.sampled_passes=2"],
 })
