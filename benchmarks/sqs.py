@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2, help="SQS fine-tuning epochs")
     p.add_argument("--train-subset", type=int, default=10000)
     p.add_argument("--settings", default="4x0.5,2x0.5", help="bits x nonzero, comma separated")
-    p.add_argument("--samples", default="4,8")
+    p.add_argument("--samples", default="4,8", help="ensemble sizes to evaluate (0: none)")
     p.add_argument("--lrs", default=None, help="Adam lrs to screen (default: the config's)")
     p.add_argument("--eval", choices=("test", "val"), default="test",
                    help="split every figure is measured on (screen on val, never on test)")
@@ -50,7 +50,7 @@ def main() -> None:
     widths = cfg.train.eval_widths
     calib = batches(data.train, cfg.data.calib_samples, cfg.seed)
     test = batches(data.test)
-    sample_counts = [int(m) for m in args.samples.split(",")]
+    sample_counts = [int(m) for m in args.samples.split(",") if int(m) > 0]  # 0: point only
     print(f"checkpoint {args.checkpoint}; {cfg.data.source}; fine-tuning {args.epochs} epoch(s) "
           f"on {len(data.train)} samples; {args.eval} split {len(data.test)}")
     rows = []
@@ -58,7 +58,7 @@ def main() -> None:
     for setting, lr in [(s, lr) for s in args.settings.split(",") for lr in lrs]:
         bits, nonzero = setting.split("x")
         sq = replace(cfg.quantize.sqs, bits=int(bits), nonzero=float(nonzero),
-                     epochs=args.epochs, samples=1, lr=lr, subset=None)
+                     epochs=args.epochs, samples=0, lr=lr, subset=None)
         if args.lrs:
             setting = f"{setting}@{lr:g}"
         m = copy.deepcopy(model)
