@@ -176,19 +176,19 @@ def test_sampled_passes_runs_that_many_middle_widths_and_adds_the_regularizer_on
     h = model.nested_layers()[0].register_forward_hook(
         lambda m, i, o: visits.append(m.ordering.fixed_groups))
     x, y = _batch()
-    charged = []
-
-    def reg():
-        charged.append(1)
-        return torch.zeros((), requires_grad=True)
-
+    leaf = torch.zeros((), requires_grad=True)  # d(total loss)/d(reg) = passes charged with it
     torch.manual_seed(0)
     _step(model, x, y, sandwich=True, min_width=0.25, sampled_width="uniform",
-          sampled_passes=2, regularizer=reg)
+          sampled_passes=2, regularizer=lambda: leaf * 1.0)
     h.remove()
     assert len(visits) == 4 and visits[0] == 8 and visits[3] == 2
     assert all(2 < g < 8 for g in visits[1:3])
-    assert charged == [1]
+    assert float(leaf.grad) == 1.0
+    for sandwich in (False, True):  # without the sandwich the first sampled pass carries it
+        leaf.grad = None
+        _step(model, x, y, sandwich=sandwich, min_width=0.25, sampled_width="uniform",
+              sampled_passes=3, regularizer=lambda: leaf * 1.0)
+        assert float(leaf.grad) == 1.0
 
 
 def test_without_sandwich_a_step_is_one_sampled_pass():
