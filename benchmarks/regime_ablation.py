@@ -73,6 +73,10 @@ VARIANTS.update({
     # the same lr; half the lr tests whether the full width is over-stepped
     "recipe+lr0.025": _RECIPE + ["train.lr=0.025"],
     "recipe+lr0.1": _RECIPE + ["train.lr=0.1"],
+    # the narrower passes' gradients pull the shared weights away from the full width's:
+    # weight them down (trades narrow widths for full width)
+    "recipe+sub0.5": _RECIPE + ["train.subnet_weight=0.5"],
+    "recipe+sub0.25": _RECIPE + ["train.subnet_weight=0.25"],
     # US-Nets' n = 4: two uniform middle widths per step instead of one (a 4th pass)
     "recipe+mid2": _RECIPE + ["train.sampled_passes=2"],
 })

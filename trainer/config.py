@@ -199,6 +199,9 @@ class TrainConfig:
     sampled_width: str = _opt("downhill", choices=("downhill", "uniform"))
     # sampled passes per step (US-Nets' sandwich trains 2 random widths besides the extremes)
     sampled_passes: int = _opt(1, min=1)
+    # with the sandwich: the weight of the sampled and narrowest passes' losses against the full
+    # width's 1 (US-Nets sums them: 1)
+    subnet_weight: float = _opt(1.0, min=0.0)
     # in-place distillation: with sandwich, the sampled and smallest widths learn the full
     # width's (detached) soft predictions instead of the labels
     distill: bool = True

@@ -59,7 +59,7 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
                mask_coupling: str, sandwich: bool, distill: bool, noise: bool,
                regularizer: Callable[[], torch.Tensor],
                min_width: float | None = None, sampled_width: str = "downhill",
-               sampled_passes: int = 1) -> StepResult:
+               sampled_passes: int = 1, subnet_weight: float = 1.0) -> StepResult:
     """Forward and backward every pass of one step (the caller zeroes grads and steps).
 
     ``net`` is ``model`` or its DDP wrapper; ``regularizer()`` is added once per step (to the
@@ -67,7 +67,8 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
     ``min_width`` is the sandwich rule's narrowest width (default: the model's minimum);
     ``sampled_width`` is ``"downhill"`` (the ordering's own draw) or ``"uniform"``
     (:func:`uniform_width`); ``sampled_passes`` is how many such passes a step runs (US-Nets'
-    sandwich: 2 random widths besides the largest and smallest).
+    sandwich: 2 random widths besides the largest and smallest); ``subnet_weight`` scales the
+    sampled and narrowest passes' losses when the sandwich runs (1: US-Nets' plain sum).
     """
     means = contextlib.nullcontext() if noise else model.weight_mode("mean")
     total = 0.0
@@ -84,10 +85,13 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
             if distill:
                 teacher = torch.softmax(full_logits.detach(), -1)
 
+        # with the sandwich, the narrower passes' losses are weighted (the full width's is 1)
+        weight = subnet_weight if sandwich else 1.0
+
         def target_loss(logits: torch.Tensor) -> torch.Tensor:
             if teacher is not None:
-                return distillation_loss(logits, teacher)
-            return F.cross_entropy(logits, y)
+                return weight * distillation_loss(logits, teacher)
+            return weight * F.cross_entropy(logits, y)
 
         units = model.orderings()
         logits = None
@@ -124,7 +128,8 @@ def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: to
                       sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
                       regularizer=regularizer, min_width=sandwich_min_width(model, cfg),
                       sampled_width=cfg.train.sampled_width,
-                      sampled_passes=cfg.train.sampled_passes)
+                      sampled_passes=cfg.train.sampled_passes,
+                      subnet_weight=cfg.train.subnet_weight)
 
 
 def sandwich_min_width(model: NestedModel, cfg: Config) -> float:

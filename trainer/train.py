@@ -239,7 +239,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
                              sandwich=cfg.train.sandwich, distill=cfg.train.distill,
                              noise=noise, regularizer=reg_fn, min_width=min_width,
                              sampled_width=cfg.train.sampled_width,
-                             sampled_passes=cfg.train.sampled_passes)
+                             sampled_passes=cfg.train.sampled_passes,
+                             subnet_weight=cfg.train.subnet_weight)
             logits = out.logits
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)

@@ -1,5 +1,6 @@
 """The training regime (trainer/regime.py, the ordering's mask scope and coupling, the decay
 groups and the deterministic warm-up): each rule does what its docstring says."""
+import copy
 import math
 
 import pytest
@@ -189,6 +190,39 @@ def test_sampled_passes_runs_that_many_middle_widths_and_adds_the_regularizer_on
         _step(model, x, y, sandwich=sandwich, min_width=0.25, sampled_width="uniform",
               sampled_passes=3, regularizer=lambda: leaf * 1.0)
         assert float(leaf.grad) == 1.0
+
+
+def test_subnet_weight_scales_the_narrower_passes_gradients_linearly():
+    """subnet_weight w: the step's gradient is g_full + w * g_narrower (w = 0: the full width's
+    alone), so grad(1) - grad(0) = 2 (grad(0.5) - grad(0))."""
+    base = _model(groups=8)
+    x, y = _batch()
+
+    def grads_of(model):
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    grads = {}
+    for w in (0.0, 0.5, 1.0):
+        model = copy.deepcopy(base)
+        model.set_mask_scope("batch")
+        model.train()
+        torch.manual_seed(3)  # the same middle width for every w
+        _step(model, x, y, sandwich=True, min_width=0.25, sampled_width="uniform",
+              subnet_weight=w, noise=False)
+        grads[w] = grads_of(model)
+    assert grads[0.0].keys() == grads[0.5].keys() == grads[1.0].keys()
+    moved = max(float((grads[1.0][n] - grads[0.0][n]).abs().max()) for n in grads[0.0])
+    assert moved > 1e-4  # the narrower passes do contribute
+    for n in grads[0.0]:
+        torch.testing.assert_close(grads[0.5][n] - grads[0.0][n],
+                                   (grads[1.0][n] - grads[0.0][n]) / 2, rtol=1e-4, atol=1e-6)
+    full_only = copy.deepcopy(base)
+    full_only.train()
+    with full_only.width(1.0, scaled=False), full_only.weight_mode("mean"):
+        F.cross_entropy(full_only(x), y).backward()
+    ref = grads_of(full_only)
+    for n, g in ref.items():
+        torch.testing.assert_close(grads[0.0][n], g, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_without_sandwich_a_step_is_one_sampled_pass():
