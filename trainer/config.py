@@ -281,9 +281,11 @@ class SQSConfig:
     prior_sigma: float = _opt(1.0, min=0.0, min_exclusive=True)
     # fine-tuning epochs (the paper compresses ResNets within 10)
     epochs: int = _opt(5, min=1)
-    # Adam's lr (App. D.2's 1e-3); issue 17, cifar10_dev (10k images, 1 epoch, validation):
-    # 1e-3 cost 4.2 .. 11.3 pt, 3e-4 0.5 .. 1.65, 1e-4 1.3 .. 1.65 -- the cifar10 config sets 3e-4
-    lr: float = _opt(1e-3, min=0.0, min_exclusive=True)
+    # Adam's lr. App. D.2 uses 1e-3; on our SGD-trained networks it drifts the weights more the
+    # more steps it takes. Chosen on cifar10_dev's validation split (10k images, 1 epoch): 1e-3
+    # cost 4.2 .. 11.3 pt, 3e-4 0.5 .. 1.65, 1e-4 1.3 .. 1.65; confirmed on Fashion-MNIST's test
+    # split afterwards (10k images, 1 epoch): 3e-4 -0.25 / +0.9 / +0.5 / +1.5 pt over 1e-3 at 0.25..1
+    lr: float = _opt(3e-4, min=0.0, min_exclusive=True)
     # fine-tune on a seeded random subset of this many training samples (null = all of them):
     # the quantizer's cost is then fixed, whatever the data set's size (issue 17, goal 4)
     subset: int | None = _opt(None, min=1)
