@@ -269,17 +269,14 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
         bar.set_postfix_str(f"width {w:g} {scope}")
         if scope == "point" or point is None or point.truncated_width != w:
             point = make_slice(model, w, calib, device=device)
-        # codebook posteriors (PWFN, SQS): the codebook-exact int8 mode, as the store route
-        # materialises them, so both routes ship the same point weights
-        exact = kind in ("pwfn", "sqs")
         if scope == "point":
-            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=exact)]
+            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
             unique, entropy = _codebook_stats(point, kind)
         elif scope == "head":
-            # the point slice's backbone (PWFN, SQS: codebook-exact, as the store route's head
+            # the point slice's backbone (PWFN: codebook-exact, as the store route's head
             # materialises it) and S sampled classifiers on the plain per-row int8 grid
             heads = stack_heads(point, sliced_heads(model, samples, w))
-            blobs = [export_point_slice(heads, shape, opts.weights, pow2_step=exact,
+            blobs = [export_point_slice(heads, shape, opts.weights, pow2_step=kind == "pwfn",
                                         output_shape=[opts.samples, classes],
                                         sampled=(classifier_name(model),))]
             unique = entropy = None
