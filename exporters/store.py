@@ -157,7 +157,10 @@ def _layer_arrays(name: str, layer: BayesNestedLayer, kind: str, post: dict | No
         arrays[f"{name}/index"] = _packed(idx, bits)
         # the power-of-two step that makes codebook values exact (prepare_weights(pow2_step))
         qt = quantize_per_channel(mu, 0, pow2_step=True)
-        entry.update(bits=bits, route="int8" if qt.exact else "float")
+        # not exact on a power-of-two step (SQS's GMM means, almost always): PWFN keeps float32,
+        # as the files route's codebook-exact mode does; SQS quantizes each slice per channel
+        # ("slice"), as the files route does for it -- float32 cost SQS 4x the slice's RAM
+        entry.update(bits=bits, route="int8" if qt.exact else ("slice" if sqs else "float"))
         step = qt.scale
         mu_dec = mu  # the codebook holds the float32 values themselves
     arrays[f"{name}/step"] = step.astype(np.float32)

@@ -21,7 +21,11 @@ The store's index (``Store.index``, the schema this module reads; the exporter w
       <name>: {kind: conv | depthwise | linear, shape: [O, I, kh, kw] | [O, I],
                flat_hw: [h, w],     # linear: the map its input was flattened from ([1, 1])
                encoding: codebook | sparse_codebook | int8, bits: <index bits>,
-               route: int8 | float,  # point: the codes are exact on `step` (int8) or not
+               route: int8 | float | slice,  # point: the codes are exact on `step`
+                                    # (int8), or not: float32 (float), or int8 per channel
+                                    # on the slice's own step (slice; SQS exports since
+                                    # 2026-11-25: what the files route writes; a reader
+                                    # before that took any other value the same way)
                sampler: normal | categorical | none, sigma_bits: <int>,
                sigma_coding: relative,   # version 3, sampler normal; absent: absolute
                cat: {count_bits: <int>, uncertain: <int>, entries: <int>}}   # sqs only
@@ -334,6 +338,8 @@ def _layer_weights(store: Store, name: str, wk: str, cut: dict, sample: int | No
         return qt, folded, t, True
     if sample is None and L["route"] == "float":
         return None, folded, t, False  # cannot be exact on its step: stays float (issue)
+    # a posterior sample, an input scale or route "slice": per channel on this slice's own
+    # step (the one quantize_per_channel the files route uses too)
     return quantize_per_channel(folded, 0), folded, t, False
 
 
