@@ -50,7 +50,7 @@ def main() -> None:
     widths = cfg.train.eval_widths
     calib = batches(data.train, cfg.data.calib_samples, cfg.seed)
     test = batches(data.test)
-    sample_counts = [int(m) for m in args.samples.split(",") if int(m) > 0]  # 0: point only
+    sample_counts = [m for m in map(int, args.samples.split(",")) if m > 0]  # 0: point only
     print(f"checkpoint {args.checkpoint}; {cfg.data.source}; fine-tuning {args.epochs} epoch(s) "
           f"on {len(data.train)} samples; {args.eval} split {len(data.test)}")
     rows = []

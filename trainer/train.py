@@ -34,7 +34,7 @@ from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
 from trainer.ordering import tau_schedule
-from trainer.regime import sandwich_min_width, train_step
+from trainer.regime import regime_step
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -209,7 +209,6 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
 
     from tqdm import tqdm
     step = start_epoch * steps_per_epoch
-    min_width = sandwich_min_width(model, cfg)
     first_noisy = noise_epoch(cfg)
     for epoch in range(start_epoch, cfg.train.epochs):
         if sampler is not None:
@@ -235,12 +234,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
             model.set_tau(tau_schedule(step, total_steps, cfg.ordering.tau_start,
                                        cfg.ordering.tau_end), hard=cfg.ordering.hard)
             opt.zero_grad(set_to_none=True)
-            out = train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
-                             sandwich=cfg.train.sandwich, distill=cfg.train.distill,
-                             noise=noise, regularizer=reg_fn, min_width=min_width,
-                             sampled_width=cfg.train.sampled_width,
-                             sampled_passes=cfg.train.sampled_passes,
-                             subnet_weight=cfg.train.subnet_weight)
+            # the config's regime (the quantizers' fine-tuning runs the same one)
+            out = regime_step(net, model, x, y, cfg, noise=noise, regularizer=reg_fn)
             logits = out.logits
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)

@@ -131,6 +131,9 @@ class SQSTensor(nn.Module):
     """Spike-and-GMM posterior of one weight tensor, used as a parametrization of the layer's
     ``weight_mu``: the parametrized tensor is the mean weight lambda sum_k mu_k phi_k(theta)."""
 
+    # inside step_parametrization: this step's mean weight, a detached leaf the passes share
+    step_weight: torch.Tensor | None = None
+
     def __init__(self, theta: torch.Tensor, cfg: SQSConfig):
         super().__init__()
         flat = theta.detach().flatten()
@@ -192,8 +195,6 @@ class SQSTensor(nn.Module):
         if self.step_weight is not None:  # see step_parametrization
             return self.step_weight
         return self.mean_and_mode(theta)[0]
-
-    step_weight: torch.Tensor | None = None
 
     def kl(self, theta: torch.Tensor, prior_keep: float, prior_sigma: float,
            k_star: torch.Tensor | None = None) -> torch.Tensor:
