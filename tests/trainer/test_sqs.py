@@ -449,6 +449,52 @@ def test_one_parametrization_per_step_gives_the_per_pass_gradients():
 
 
 # ----------------------------------------------------------- 7. phi and log-space maths
+def _expression_mean(t: SQSTensor, theta: torch.Tensor) -> torch.Tensor:
+    """The mean weight written as the [n x K] tensor expression of eq. 2 (the reference)."""
+    return t.keep_probability() * (t.phi(theta) * t.mu[t.window]).sum(-1)
+
+
+@pytest.mark.parametrize("tau", [5e-4, 0.05, 0.5])
+def test_fused_mean_equals_the_expression_in_value_mode_and_gradient(tau, monkeypatch):
+    """mean_and_mode's chunked, hand-differentiated route (trainer/quantize/sqs_mean.py) gives
+    the tensor expression's mean, arg-max and gradients -- both in float64, where rounding
+    cannot hide a wrong term -- with windows of fewer than K components (the tails) and chunks
+    that do not divide the window."""
+    from trainer.quantize import sqs_mean
+    monkeypatch.setattr(sqs_mean, "CPU_CHUNK", 7)
+    theta = _outlier_tensor(6).double()
+    t = SQSTensor(theta, SQSConfig(bits=3, tau=tau)).double()
+    assert bool((~t.valid).any())  # some window has fewer than K components
+    # move theta off its initialisation so every weight sits between components
+    th = (theta + 0.03 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(1),
+                                     dtype=torch.float64)).requires_grad_()
+    params = [th, t.mu, t.log_sigma, t.pi_logit, t.s]
+    upstream = torch.randn(theta.numel(), generator=torch.Generator().manual_seed(2),
+                           dtype=torch.float64)
+    mean, mode = t.mean_and_mode(th)
+    ref = _expression_mean(t, th)
+    torch.testing.assert_close(mean.flatten(), ref, rtol=1e-10, atol=1e-12)
+    assert mode.tolist() == t.phi(th).argmax(-1).tolist()
+    got = torch.autograd.grad((mean.flatten() * upstream).sum(), params)
+    want = torch.autograd.grad((ref * upstream).sum(), params)
+    for name, a, b in zip(["theta", "mu", "log_sigma", "pi_logit", "s"], got, want):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10, msg=name)
+    if tau >= 0.05:  # soft enough for phi's gradient to be seen (see the test above)
+        assert bool((got[0] != 0).any()) and bool((got[2] != 0).any())
+
+
+def test_fused_mean_passes_torch_gradcheck():
+    """The hand-written backward against finite differences (float64)."""
+    from trainer.quantize.sqs_mean import WindowMean
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(11, generator=g, dtype=torch.float64, requires_grad=True)
+    mu = torch.tensor([-1.0, -0.2, 0.4, 1.5], dtype=torch.float64, requires_grad=True)
+    inv_sigma = torch.tensor([2.0, 1.5, 3.0, 1.0], dtype=torch.float64, requires_grad=True)
+    c = torch.tensor([0.1, -0.3, 0.2, 0.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: WindowMean.apply(*a, 0.3, 4)[0],
+                                    (x, mu, inv_sigma, c))
+
+
 def test_phi_is_a_distribution_over_the_weights_own_window():
     theta = _outlier_tensor(4)
     t = SQSTensor(theta, SQSConfig(bits=2, tau=0.05))
