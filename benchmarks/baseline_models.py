@@ -15,6 +15,7 @@ from torch import nn
 from train_speed import deterministic_twin  # benchmarks/ is on sys.path when run as a script
 from trainer.config import Config
 from trainer.models import create_model
+from trainer.device import as_channels_last, channels_last_
 from trainer.train import _loader, _optimizer, _scheduler
 
 GROUPS = 8  # the nested model's ordering groups: widths come in steps of 1/8, as ours do
@@ -154,6 +155,10 @@ def _epochs(model: nn.Module, cfg: Config, train_ds, seed: int, epochs: int, ste
     shuffling, drop_last. Returns wall seconds."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
+    # the memory layout ours trains in (train.channels_last), on weights and inputs: NHWC
+    # weights are the baselines' faster choice (US-Nets step 406 -> 345 ms), so goal 4 compares
+    # methods, not layouts
+    channels_last_(model, cfg.train.channels_last)
     opt = _optimizer(model, cfg)
     loader = _loader(train_ds, cfg.train.batch_size, True, seed)
     sched = _scheduler(opt, cfg, len(loader) * epochs, len(loader))
@@ -162,7 +167,7 @@ def _epochs(model: nn.Module, cfg: Config, train_ds, seed: int, epochs: int, ste
         model.train()
         for x, y in loader:
             opt.zero_grad(set_to_none=True)
-            step_fn(x, y)
+            step_fn(as_channels_last(x, cfg.train.channels_last), y)
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
             opt.step()

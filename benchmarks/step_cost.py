@@ -13,6 +13,10 @@ repeats, on random data of the config's input shape:
              (local reparameterisation: what PWFN's fine-tuning runs)
 
     python benchmarks/step_cost.py [--config cifar10] [--width-mult 0.5] [--threads 2]
+        [--channels-last]
+
+``--channels-last`` runs every row -- the baselines too -- with NHWC weights and inputs (what
+``train.channels_last`` does for ours), so the ratios compare methods, not memory layouts.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 import baseline_models as BM  # noqa: E402
 from timing import median_ms  # noqa: E402
 from trainer.config import load_config  # noqa: E402
+from trainer.device import as_channels_last, channels_last_  # noqa: E402
 from trainer.models import create_model  # noqa: E402
 from trainer.regime import train_step  # noqa: E402
 
@@ -41,6 +46,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--channels-last", action="store_true", help="NHWC for every row")
+    p.add_argument("--nhwc-weights", action="store_true", help="and NHWC weights")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, [f"model.width_mult={args.width_mult}"])
@@ -55,6 +62,11 @@ def main() -> None:
     slim = BM.slimmable_net(BM.plain_net(cfg, 1.0, **arch))
     gen = torch.Generator().manual_seed(0)
     narrowest = min(cfg.train.eval_widths)
+    if args.channels_last:  # NHWC images in, as train.channels_last feeds them
+        x = as_channels_last(x)
+        if args.nhwc_weights:
+            for m in (nested, plain, slim):
+                channels_last_(m)
 
     def plain_step():
         plain.train()
@@ -90,7 +102,8 @@ def main() -> None:
             "ours, sandwich + uniform, noise (PWFN fine-tuning)": ours(True, True, "uniform")}
     cost = {name: median_ms(fn, args.repeats, warmup=1) / 1e3 for name, fn in rows.items()}
     print(f"{cfg.model.name} width_mult {args.width_mult}, batch {args.batch_size}, "
-          f"{args.threads} threads, median of {args.repeats}")
+          f"{args.threads} threads, {'NHWC' if args.channels_last else 'NCHW'}, "
+          f"median of {args.repeats}")
     base = cost["plain (one pass)"]
     for name, s in cost.items():
         print(f"{name:<52}{1000 * s:>9.0f} ms/step{s / base:>7.2f}x plain")

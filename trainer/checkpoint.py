@@ -38,7 +38,9 @@ def build_checkpoint(model: NestedModel, *, input_spec: dict, config: dict, spli
         "format": FORMAT,
         "version": VERSION,
         "arch": {"name": model.arch["name"], "kwargs": dict(model.arch["kwargs"])},
-        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        # the standard layout, whatever the training ran in (train.channels_last)
+        "state_dict": {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+                       for k, v in model.state_dict().items()},
         "orderings": orderings,
         "input_spec": input_spec,
         "classes": list(input_spec.get("classes", [])),

@@ -52,3 +52,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def ddp_backend(device: torch.device) -> str:
     """nccl for CUDA processes, gloo otherwise (CPU; nccl has no CPU or MPS support)."""
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def channels_last_(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
+    """The model's 4-D (convolution) weights in NHWC (the baselines' training, which has no
+    weight noise to slow down); other parameters untouched."""
+    return model.to(memory_format=torch.channels_last) if enabled else model
+
+
+def as_channels_last(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
+    """A batch of images (N, C, H, W) in NHWC; anything else unchanged."""
+    return x.contiguous(memory_format=torch.channels_last) if enabled and x.ndim == 4 else x

@@ -16,17 +16,22 @@ from torch import nn
 
 from edge_sdk import metrics
 from trainer.data import calibration_subset
-from trainer.device import model_device
+from trainer.device import as_channels_last, model_device
 from trainer.models import NestedModel
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def batches(ds, n: int | None = None, seed: int = 0, batch: int = 512) -> list:
-    """A dataset (or a seeded ``n``-sample subset of it) as a list of unshuffled batches."""
+    """A dataset (or a seeded ``n``-sample subset of it) as a list of unshuffled batches.
+
+    Images are NHWC (as_channels_last): every evaluation and BN re-collection runs at fixed
+    weights, where NHWC max-pool and batch norm make nested_vgg's 4-width validation 7.0 ->
+    4.3 s on 2 cores with the same figures (train.channels_last has the numbers)."""
     if n is not None:
         ds = calibration_subset(ds, n, seed)
-    return list(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False))
+    return [(as_channels_last(x), *rest)
+            for x, *rest in torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False)]
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.config import Config
+from trainer.device import as_channels_last
 from trainer.models import NestedModel
 from trainer.ordering import clear_coupling, coupled_gumbel
 
@@ -124,6 +125,9 @@ def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: to
                 cfg: Config, *, noise: bool, regularizer: Callable[[], torch.Tensor]) -> StepResult:
     """:func:`train_step` with the regime of ``cfg`` (training and the quantizers' fine-tuning
     use the same one, so fine-tuning never drifts the widths training kept)."""
+    # NHWC images for passes at the posterior means only: with weight noise the variance
+    # convolution (x^2 * sigma^2) runs 1.5x slower in NHWC than in NCHW (benchmarks/step_cost.py)
+    x = as_channels_last(x, cfg.train.channels_last and not noise)
     return train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
                       sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
                       regularizer=regularizer, min_width=sandwich_min_width(model, cfg),

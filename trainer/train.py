@@ -177,7 +177,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     total_steps = steps_per_epoch * cfg.train.epochs
     sched = _scheduler(opt, cfg, total_steps, steps_per_epoch)
 
-    start_epoch, history, train_state = 0, [], None
+    start_epoch, history, train_state, last_val = 0, [], None, None
     if resume and path.is_file():
         state = ckpt_io.load_checkpoint(path)
         if state["arch"] != model.arch:
@@ -253,6 +253,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
             if (epoch + 1) % cfg.train.eval_every == 0 or last:
                 res = evaluate_widths(model, calib, val, cfg.train.eval_widths)
                 row["val"] = _keyed(res)
+                if last:
+                    last_val = res  # the final validation figures: not evaluated twice
                 log(f"epoch {epoch + 1}: loss {row['loss']:.4f} train acc {row['train_acc']:.4f} "
                     + " ".join(f"| w={w:g} acc {r['accuracy']:.4f} nll {r['nll']:.4f} "
                                f"ece {r['ece']:.4f}" for w, r in res.items()))
@@ -271,7 +273,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         start_variational_phase(model, cfg)
     result_val = result_test = {}
     if rank == 0:
-        result_val = evaluate_widths(model, calib, val, cfg.train.eval_widths)
+        # the variational phase's sigma does not change the posterior mean evaluated here
+        result_val = last_val or evaluate_widths(model, calib, val, cfg.train.eval_widths)
         result_test = evaluate_widths(model, calib, batches(data.test),
                                       cfg.train.eval_widths)
         metrics = {"history": history, "val": _keyed(result_val), "test": _keyed(result_test),

@@ -1,5 +1,6 @@
 """train.device: resolution (auto / cpu / cuda / mps), the DDP backend, device-independent
 checkpoints, and no tensor made on the default device by our code on the training paths."""
+import copy
 import inspect
 from pathlib import Path
 
@@ -210,3 +211,18 @@ def test_checkpoint_copies_every_state_and_posterior_tensor_to_the_cpu(tiny):
     assert torch.equal(ckpt["posterior"]["codebook"][0], codes)
     assert all(v.device.type == "cpu" for v in ckpt["state_dict"].values())
     assert model_device(model).type == "cpu"
+
+
+def test_checkpoint_of_an_nhwc_model_holds_the_standard_layout(tiny):
+    """train.channels_last trains in NHWC; the checkpoint (and whatever reads it: the
+    quantizers, the exporter's numpy views) gets the standard layout and the same values."""
+    from trainer import checkpoint as ckpt_io
+    from trainer.device import channels_last_
+
+    cfg, data, model = tiny
+    nhwc = channels_last_(copy.deepcopy(model))
+    assert any(not p.is_contiguous() for p in nhwc.parameters())  # a conv weight moved
+    ckpt = ckpt_io.build_checkpoint(nhwc, input_spec=data.spec.to_dict(), config={}, split_seed=0)
+    for k, v in ckpt["state_dict"].items():
+        assert v.is_contiguous(), k
+        torch.testing.assert_close(v, model.state_dict()[k], rtol=0, atol=0, msg=k)

@@ -354,3 +354,53 @@ def test_decay_scope_all_decays_everything():
     (group,) = param_groups(model, cfg)
     assert len(group["params"]) == len(list(model.parameters()))
     assert group["weight_decay"] == 0.1
+
+
+# ---- memory layout (train.channels_last) -----------------------------------------------------
+@pytest.mark.parametrize("enabled,noise", [(True, False), (False, False), (True, True)])
+def test_channels_last_runs_nhwc_activations_with_the_same_gradients(enabled, noise):
+    """regime_step hands the convolutions NHWC images when train.channels_last is on and the
+    pass runs the posterior means (the standard layout when off, or with weight noise, where
+    NHWC is slower), and the step's gradients are the standard layout's."""
+    from trainer.regime import regime_step
+
+    cfg = load_config("digits", ["train.sandwich=true", "train.sampled_width=uniform",
+                                 "ordering.mask_scope=batch", f"train.channels_last={enabled}"])
+    g = torch.Generator().manual_seed(1)
+    # RGB: a one-channel (N, 1, H, W) batch is contiguous in both layouts, so convolutions
+    # keep NCHW for it (the flag does nothing for grey images)
+    x, y = torch.randn(32, 3, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g)
+    grads, layouts = [], []
+    for reference in (True, False):
+        torch.manual_seed(0)
+        model = create_model("nested_cnn_small", num_classes=10, in_channels=3, input_size=8,
+                             groups=4, frozen=1)
+        model.set_mask_scope("batch")
+        model.train()
+        seen = []
+        h = model.nested_layers()[1].register_forward_pre_hook(
+            lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last)
+                                     and not i[0].is_contiguous()))
+        torch.manual_seed(3)
+        if reference:  # the same step on the standard layout
+            _step(model, x, y, sandwich=True, sampled_width="uniform", noise=noise,
+                  mask_coupling=cfg.ordering.coupling, min_width=0.25)
+        else:
+            regime_step(model, model, x, y, cfg, noise=noise, regularizer=lambda: torch.zeros(()))
+        h.remove()
+        layouts.append(seen)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert layouts[0] and not any(layouts[0])
+    nhwc = enabled and not noise
+    assert all(layouts[1]) if nhwc else not any(layouts[1])
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_channels_last_leaves_vectors_alone():
+    from trainer.device import as_channels_last
+    x = torch.randn(5, 64)
+    assert as_channels_last(x) is x
+    img = torch.randn(2, 3, 4, 4)
+    assert as_channels_last(img, enabled=False) is img
+    assert torch.equal(as_channels_last(img), img)
