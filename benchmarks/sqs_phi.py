@@ -62,7 +62,7 @@ def main() -> None:
         rows[name] = median_ms(step, args.repeats, warmup=1)
         mean = fn(t, theta)
         (grad,) = torch.autograd.grad(mean.square().sum(), [theta])
-        err = float((mean.double() - ref).abs().max())
+        err = float((mean.detach().double() - ref.detach()).abs().max())
         rel = float((grad.double() - ref_grad).norm() / ref_grad.norm())
         print(f"{name:<12}{rows[name]:>21.0f}{rows['expression'] / rows[name]:>7.2f}x"
               f"{err:>16.2e}{rel:>20.2e}")
