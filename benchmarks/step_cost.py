@@ -15,12 +15,16 @@ repeats, on random data of the config's input shape:
     python benchmarks/step_cost.py [--config cifar10] [--width-mult 0.5] [--threads 2]
         [--channels-last]
 
-``--channels-last`` runs every row -- the baselines too -- with NHWC weights and inputs (what
-``train.channels_last`` does for ours), so the ratios compare methods, not memory layouts.
+``--channels-last`` runs what ``train.channels_last`` trains: NHWC images into ours' passes at
+the posterior means (weight-noise passes keep NCHW, where they are faster), and NHWC weights and
+images for the baselines (their faster choice), so the ratios compare methods, not layouts.
+Rows are timed round-robin (every row once per round, median over the rounds), so a slow
+stretch of the machine hits every row alike.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,7 +51,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--channels-last", action="store_true", help="NHWC for every row")
-    p.add_argument("--nhwc-weights", action="store_true", help="and NHWC weights")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, [f"model.width_mult={args.width_mult}"])
@@ -62,31 +65,32 @@ def main() -> None:
     slim = BM.slimmable_net(BM.plain_net(cfg, 1.0, **arch))
     gen = torch.Generator().manual_seed(0)
     narrowest = min(cfg.train.eval_widths)
-    if args.channels_last:  # NHWC images in, as train.channels_last feeds them
-        x = as_channels_last(x)
-        if args.nhwc_weights:
-            for m in (nested, plain, slim):
-                channels_last_(m)
+    xn = x  # what the passes at fixed weights (no noise) see
+    if args.channels_last:
+        xn = as_channels_last(x)
+        channels_last_(plain)
+        channels_last_(slim)
 
     def plain_step():
         plain.train()
-        F.cross_entropy(plain(x), y).backward()
+        F.cross_entropy(plain(xn), y).backward()
 
     def slim_step():  # benchmarks/baseline_models.train_slimmable's step
         slim.train()
         BM.set_width(slim, 1.0)
-        logits = slim(x)
+        logits = slim(xn)
         F.cross_entropy(logits, y).backward()
         soft = torch.softmax(logits.detach(), -1)
         for w in [narrowest, *(narrowest + (1 - narrowest) * torch.rand(2, generator=gen)).tolist()]:
             BM.set_width(slim, w)
-            (-(soft * torch.log_softmax(slim(x), -1)).sum(1).mean()).backward()
+            (-(soft * torch.log_softmax(slim(xn), -1)).sum(1).mean()).backward()
         BM.set_width(slim, 1.0)
 
     def ours(sandwich: bool, noise: bool, sampled: str = "downhill"):
         def step():
             nested.train()
-            train_step(nested, nested, x, y, mask_coupling="layer", sandwich=sandwich,
+            train_step(nested, nested, x if noise else xn, y, mask_coupling="layer",
+                       sandwich=sandwich,
                        distill=True, noise=noise, regularizer=lambda: torch.zeros(()),
                        min_width=narrowest, sampled_width=sampled)
         return step
@@ -100,10 +104,16 @@ def main() -> None:
             # fixed width, so it computes only that width's channels
             "ours, sandwich + uniform, means (training)": ours(True, False, "uniform"),
             "ours, sandwich + uniform, noise (PWFN fine-tuning)": ours(True, True, "uniform")}
-    cost = {name: median_ms(fn, args.repeats, warmup=1) / 1e3 for name, fn in rows.items()}
+    for fn in rows.values():  # warm-up
+        fn()
+    times = {name: [] for name in rows}
+    for _ in range(args.repeats):
+        for name, fn in rows.items():
+            times[name].append(median_ms(fn, 1))
+    cost = {name: statistics.median(ts) / 1e3 for name, ts in times.items()}
     print(f"{cfg.model.name} width_mult {args.width_mult}, batch {args.batch_size}, "
           f"{args.threads} threads, {'NHWC' if args.channels_last else 'NCHW'}, "
-          f"median of {args.repeats}")
+          f"median of {args.repeats} round-robin rounds")
     base = cost["plain (one pass)"]
     for name, s in cost.items():
         print(f"{name:<52}{1000 * s:>9.0f} ms/step{s / base:>7.2f}x plain")

@@ -183,9 +183,9 @@ class TrainConfig:
     threads: int | None = _opt(None, min=1)
     # NHWC images into every training / fine-tuning pass run at the posterior means (a
     # convolution with an NHWC input returns NHWC, so max-pool and batch norm vectorise over
-    # channels on a CPU: nested_vgg at width_mult 0.5, one sandwich step, 2 threads: 358 ->
-    # 282 ms; benchmarks/step_cost.py --channels-last). Passes with weight noise keep NCHW (1.5x
-    # slower in NHWC); grey (one-channel) images and models without 4-D inputs are unaffected;
+    # channels on a CPU: nested_vgg at width_mult 0.5, one sandwich step, 2 threads: 339 ->
+    # 260 ms; benchmarks/step_cost.py [--channels-last]). Passes with weight noise keep NCHW
+    # (1.5x slower in NHWC); grey (one-channel) images and models without 4-D inputs are unaffected;
     # checkpoints hold the standard layout whatever ran
     channels_last: bool = True
     # in-memory datasets: worker processes rarely pay off
