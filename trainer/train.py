@@ -29,7 +29,7 @@ from edge_sdk.errors import CheckpointError
 from trainer import checkpoint as ckpt_io
 from trainer.config import Config, config_to_dict
 from trainer.data import DataSplits, load_data
-from trainer.device import ddp_backend, resolve_device
+from trainer.device import channels_last_, ddp_backend, resolve_device
 from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
@@ -164,6 +164,11 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     # Same initial weights on every rank: build the model from the shared seed.
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, data).to(device)
+    # NHWC weights too when no pass ever samples weight noise (the shipped recipes): a grey
+    # (N, 1, H, W) batch is contiguous in both layouts, so only NHWC weights make its passes
+    # NHWC; handed back in the standard layout at the end (the quantizers' noisy passes)
+    nhwc_weights = cfg.train.channels_last and noise_epoch(cfg) >= cfg.train.epochs
+    channels_last_(model, nhwc_weights)
     opt = _optimizer(model, cfg)
     n_train = len(data.train)
     sampler = DistributedSampler(data.train, world, rank, shuffle=True, seed=cfg.seed,
@@ -284,6 +289,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         log(format_table(result_test, "test split (BN re-collected per width, posterior mean):"))
     if world > 1:
         dist.barrier()
+    model.to(memory_format=torch.contiguous_format)
     return TrainResult(path, model, result_val, result_test, time.perf_counter() - started)
 
 

@@ -23,6 +23,14 @@ def test_short_digits_run_is_accurate_and_ordered(digits_run):
     assert all(0 <= r["ece"] <= 1 and r["nll"] > 0 for r in result.test.values())
 
 
+def test_training_hands_back_the_standard_layout(digits_run):
+    """train.channels_last trains a noise-free recipe with NHWC weights; the model train()
+    returns, which the CLI hands to the quantizers, is back in the standard layout."""
+    _, result = digits_run
+    assert any(p.ndim == 4 for p in result.model.parameters())  # it has convolutions
+    assert all(p.is_contiguous() for p in result.model.parameters())
+
+
 def test_checkpoint_round_trip_gives_identical_outputs(digits_run):
     cfg, result = digits_run
     ckpt = ckpt_io.load_checkpoint(result.checkpoint)
