@@ -187,7 +187,8 @@ class TrainConfig:
     # 260 ms; benchmarks/step_cost.py [--channels-last]). Passes with weight noise keep NCHW
     # (1.5x slower in NHWC). A recipe that never samples weight noise also trains NHWC weights,
     # which is what makes grey (one-channel) images run NHWC (Fashion-MNIST's sandwich step:
-    # 329 -> 248 ms); checkpoints and the trained model handed on hold the standard layout
+    # 116 -> 80 ms, benchmarks/step_cost.py --config fashion_mnist --width-mult 1); checkpoints
+    # and the trained model handed on hold the standard layout
     channels_last: bool = True
     # in-memory datasets: worker processes rarely pay off
     num_workers: int = _opt(0, min=0)

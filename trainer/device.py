@@ -55,8 +55,8 @@ def ddp_backend(device: torch.device) -> str:
 
 
 def channels_last_(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
-    """The model's 4-D (convolution) weights in NHWC (the baselines' training, which has no
-    weight noise to slow down); other parameters untouched."""
+    """The model's 4-D (convolution) weights in NHWC (training without weight noise: ours when
+    the recipe never samples it, and the baselines); other parameters untouched."""
     return model.to(memory_format=torch.channels_last) if enabled else model
 
 

@@ -403,4 +403,6 @@ def test_channels_last_leaves_vectors_alone():
     assert as_channels_last(x) is x
     img = torch.randn(2, 3, 4, 4)
     assert as_channels_last(img, enabled=False) is img
-    assert torch.equal(as_channels_last(img), img)
+    nhwc = as_channels_last(img)
+    assert torch.equal(nhwc, img) and not nhwc.is_contiguous()
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)

@@ -23,10 +23,30 @@ def test_short_digits_run_is_accurate_and_ordered(digits_run):
     assert all(0 <= r["ece"] <= 1 and r["nll"] > 0 for r in result.test.values())
 
 
-def test_training_hands_back_the_standard_layout(digits_run):
-    """train.channels_last trains a noise-free recipe with NHWC weights; the model train()
-    returns, which the CLI hands to the quantizers, is back in the standard layout."""
-    _, result = digits_run
+@pytest.mark.parametrize("noise_start,nhwc", [(1.0, True), (0.0, False)])
+def test_training_runs_nhwc_weights_only_without_noise_and_hands_back_the_standard_layout(
+        tmp_path, monkeypatch, noise_start, nhwc):
+    """train.channels_last trains a noise-free recipe with NHWC weights (a recipe that samples
+    weight noise keeps NCHW, where its noisy passes are faster); the model train() returns,
+    which the CLI hands to the quantizers, is back in the standard layout."""
+    import trainer.train as T
+
+    seen = []  # a convolution weight's layout at every training forward
+    build = T.build_model
+
+    def spy(cfg, data):
+        model = build(cfg, data)
+        # a conv weight whose layouts differ (one input channel would be contiguous in both)
+        w = next(p for p in model.parameters() if p.ndim == 4 and p.shape[1] > 1)
+        model.register_forward_pre_hook(lambda m, x: seen.append(
+            w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+            if m.training else None)
+        return model
+    monkeypatch.setattr(T, "build_model", spy)
+    cfg = load_config("digits", ["train.epochs=1", "train.eval_every=100",
+                                 f"bayes.noise_start={noise_start}"])
+    result = train(cfg, tmp_path, progress=False, log=lambda *a, **k: None)
+    assert seen and all(v == nhwc for v in seen)
     assert any(p.ndim == 4 for p in result.model.parameters())  # it has convolutions
     assert all(p.is_contiguous() for p in result.model.parameters())
 

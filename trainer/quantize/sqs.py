@@ -198,8 +198,6 @@ class SQSTensor(nn.Module):
         log_pi = torch.log_softmax(self.pi_logit.masked_fill(~self.valid, -math.inf), -1)
         means, modes = [], []
         for w, (index, k) in enumerate(zip(self.window_index, self.window_components)):
-            if len(index) == 0:
-                continue
             m, k_star = window_mean(flat[index], self.mu[w, :k], self.log_sigma[w, :k],
                                     log_pi[w, :k], self.tau)
             means.append(m)

@@ -9,7 +9,7 @@ For the weights ``x`` of one window with components (mu_k, sigma_k, pi_k):
 Why a hand-written backward: written as tensor expressions over [weights x K], this is ~12
 [n x K] temporaries forward and as many backward, each a trip through main memory (nested_vgg
 at width_mult 0.5: 2.4 M weights x 16 components = 150 MB per temporary; 3.5 s forward and
-backward on one core, 5x the training passes of an SQS step). Here the weights run in chunks
+backward on one core, twice the training passes of an SQS step). Here the weights run in chunks
 whose [chunk x K] temporaries stay in cache, nothing of size [n x K] is saved (the backward
 recomputes a chunk's r and phi from x), the gradients are the closed forms below, and weights
 whose phi is exactly one-hot skip them (see ``backward``): 0.46 s on one core, 0.33 s on two,
