@@ -79,6 +79,9 @@ VARIANTS.update({
     "recipe+sub0.25": _RECIPE + ["train.subnet_weight=0.25"],
     # US-Nets' n = 4: two uniform middle widths per step instead of one (a 4th pass)
     "recipe+mid2": _RECIPE + ["train.sampled_passes=2"],
+    # Once-for-All's progressive shrinking: the full width alone first (one pass per step)
+    "recipe+nested0.33": _RECIPE + ["train.nested_start=0.33"],
+    "recipe+nested0.5": _RECIPE + ["train.nested_start=0.5"],
 })
 
 

@@ -211,6 +211,10 @@ class TrainConfig:
     # with the sandwich: the weight of the sampled and narrowest passes' losses against the full
     # width's 1 (US-Nets sums them: 1)
     subnet_weight: float = _opt(1.0, min=0.0)
+    # the first fraction of the epochs trains the full width alone (one pass per step), the
+    # nested regime follows (Once-for-All's progressive shrinking, Cai et al. 2020, §3.2: the
+    # full width first, then the narrower ones share and distil from it); 0 = nested throughout
+    nested_start: float = _opt(0.0, min=0.0, max=1.0, max_exclusive=True)
     # in-place distillation: with sandwich, the sampled and smallest widths learn the full
     # width's (detached) soft predictions instead of the labels
     distill: bool = True

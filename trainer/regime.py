@@ -19,6 +19,8 @@ the ordering's sampling, not from the KL or the weight noise), so a step can add
   widths besides the largest and the smallest);
 - ``train.distill``: in-place distillation (US-Nets §3.3): the full width learns the labels,
   the sampled and smallest widths its detached soft predictions;
+- ``train.nested_start``: the first fraction of the epochs trains the full width alone (one
+  pass per step, labels only); the nested regime follows (Once-for-All's progressive shrinking);
 - ``bayes.noise_start``: the first fraction of the epochs runs the posterior means (one
   convolution per layer instead of two, no weight KL); the variational phase follows.
 
@@ -121,13 +123,28 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
     return StepResult(total, logits.detach(), None if full_logits is None else full_logits.detach())
 
 
+def full_width_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor,
+                    *, noise: bool, regularizer: Callable[[], torch.Tensor]) -> StepResult:
+    """One pass at the full width against the labels (``train.nested_start``'s warm-up)."""
+    means = contextlib.nullcontext() if noise else model.weight_mode("mean")
+    with means, model.width(1.0, scaled=False):
+        logits = net(x)
+        loss = F.cross_entropy(logits, y) + regularizer()
+    loss.backward()
+    return StepResult(loss.item(), logits.detach(), logits.detach())
+
+
 def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: torch.Tensor,
-                cfg: Config, *, noise: bool, regularizer: Callable[[], torch.Tensor]) -> StepResult:
+                cfg: Config, *, noise: bool, regularizer: Callable[[], torch.Tensor],
+                nested: bool = True) -> StepResult:
     """:func:`train_step` with the regime of ``cfg`` (training and the quantizers' fine-tuning
-    use the same one, so fine-tuning never drifts the widths training kept)."""
+    use the same one, so fine-tuning never drifts the widths training kept); ``nested=False``
+    is the full-width warm-up of ``train.nested_start`` (:func:`full_width_step`)."""
     # NHWC images for passes at the posterior means only: with weight noise the variance
     # convolution (x^2 * sigma^2) runs 1.5x slower in NHWC than in NCHW (benchmarks/step_cost.py)
     x = as_channels_last(x, cfg.train.channels_last and not noise)
+    if not nested:
+        return full_width_step(net, model, x, y, noise=noise, regularizer=regularizer)
     return train_step(net, model, x, y, mask_coupling=cfg.ordering.coupling,
                       sandwich=cfg.train.sandwich, distill=cfg.train.distill, noise=noise,
                       regularizer=regularizer, min_width=sandwich_min_width(model, cfg),

@@ -134,6 +134,11 @@ def noise_epoch(cfg: Config) -> int:
     return round(cfg.bayes.noise_start * cfg.train.epochs)
 
 
+def nested_epoch(cfg: Config) -> int:
+    """The first epoch of the nested regime (before it, the full width trains alone)."""
+    return round(cfg.train.nested_start * cfg.train.epochs)
+
+
 def start_variational_phase(model: NestedModel, cfg: Config) -> None:
     """Re-initialise every sigma from the current means (alpha = exp(log_alpha_init))."""
     for layer in model.bayes_layers():
@@ -203,10 +208,11 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     model.set_mask_scope(cfg.ordering.mask_scope)
     net = model
     if world > 1:
-        # The sandwich rule's fixed-width passes leave the ordering logits without a gradient.
+        # Fixed-width passes (the sandwich rule's, the full-width warm-up's) leave the ordering
+        # logits without a gradient.
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=cfg.train.sandwich)
+            find_unused_parameters=cfg.train.sandwich or cfg.train.nested_start > 0)
     if rank == 0:
         log(f"training {model.arch['name']} on {data.source}: {n_train} train / {len(data.val)} "
             f"val / {len(data.test)} test samples, {cfg.train.epochs} epochs, world size {world}, "
@@ -215,6 +221,7 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
     from tqdm import tqdm
     step = start_epoch * steps_per_epoch
     first_noisy = noise_epoch(cfg)
+    first_nested = nested_epoch(cfg)
     for epoch in range(start_epoch, cfg.train.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
@@ -240,7 +247,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
                                        cfg.ordering.tau_end), hard=cfg.ordering.hard)
             opt.zero_grad(set_to_none=True)
             # the config's regime (the quantizers' fine-tuning runs the same one)
-            out = regime_step(net, model, x, y, cfg, noise=noise, regularizer=reg_fn)
+            out = regime_step(net, model, x, y, cfg, noise=noise, regularizer=reg_fn,
+                              nested=epoch >= first_nested)
             logits = out.logits
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)

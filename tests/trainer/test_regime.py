@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from trainer.config import load_config
 from trainer.models import create_model
 from trainer.ordering import DownhillOrdering, clear_coupling, coupled_gumbel
-from trainer.regime import distillation_loss, train_step
-from trainer.train import noise_epoch, param_groups, regularizer, start_variational_phase
+from trainer.regime import distillation_loss, regime_step, train_step
+from trainer.train import (nested_epoch, noise_epoch, param_groups, regularizer,
+                           start_variational_phase)
 
 
 def _model(frozen: int = 1, groups: int = 4, seed: int = 0):
@@ -110,6 +111,56 @@ def test_sandwich_visits_full_sampled_and_smallest_width_every_step():
         assert visits == [(4, False), (None, True), (1, False)]
     h.remove()
     assert all(u.fixed_groups is None for u in units), "fixed widths must be restored"
+
+
+def test_full_width_warm_up_step_is_one_full_width_pass_on_the_labels():
+    model = _model(groups=4)
+    model.train()
+    cfg = load_config("digits", ["train.sandwich=true", "train.channels_last=false"])
+    visits = []
+    layer = model.nested_layers()[0]
+    h = layer.register_forward_hook(
+        lambda m, i, o: visits.append((m.ordering.fixed_groups, m.ordering.fixed_scaled)))
+    x, y = _batch()
+    reg = torch.tensor(0.25, requires_grad=True)
+    out = regime_step(model, model, x, y, cfg, noise=False, regularizer=lambda: reg * 2,
+                      nested=False)
+    h.remove()
+    assert visits == [(4, False)]
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert reg.grad == 2.0  # the regularizer is in the loss, once
+    model.zero_grad(set_to_none=True)
+    with model.weight_mode("mean"), model.width(1.0, scaled=False):
+        want_loss = F.cross_entropy(model(x), y)
+    want_loss.backward()
+    assert out.loss == pytest.approx(want_loss.item() + 0.5, rel=1e-6)
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[n], p.grad, msg=n)
+    assert all(u.fixed_groups is None for u in model.orderings())
+
+
+@pytest.mark.parametrize("start,epochs,first", [(0.0, 10, 0), (0.33, 6, 2), (0.5, 15, 8)])
+def test_nested_epoch(start, epochs, first):
+    cfg = load_config("digits", [f"train.nested_start={start}", f"train.epochs={epochs}"])
+    assert nested_epoch(cfg) == first
+
+
+def test_training_runs_the_full_width_alone_before_nested_start(tmp_path, monkeypatch):
+    import trainer.train as T
+
+    calls = []
+
+    def spy(*args, nested=True, **kw):
+        calls.append(nested)
+        return regime_step(*args, nested=nested, **kw)
+    monkeypatch.setattr(T, "regime_step", spy)
+    cfg = load_config("digits", ["train.epochs=2", "train.nested_start=0.5", "train.threads=1",
+                                 "train.eval_widths=[1.0]"])
+    T.train(cfg, tmp_path, progress=False, log=lambda *a: None)
+    half = len(calls) // 2
+    assert len(calls) == 2 * half and half > 0
+    assert calls == [False] * half + [True] * half
 
 
 def test_sandwich_trains_the_configured_narrowest_width():
