@@ -82,6 +82,9 @@ VARIANTS.update({
     # Once-for-All's progressive shrinking: the full width alone first (one pass per step)
     "recipe+nested0.33": _RECIPE + ["train.nested_start=0.33"],
     "recipe+nested0.5": _RECIPE + ["train.nested_start=0.5"],
+    # nn.Conv2d / nn.Linear's own init (the baselines'), not kaiming_normal: U(+-1/sqrt(fan_in))
+    "recipe+torchinit": _RECIPE + ["model.init=torch"],
+    "recipe+nested0.33+torchinit": _RECIPE + ["train.nested_start=0.33", "model.init=torch"],
 })
 
 

@@ -92,6 +92,10 @@ class ModelConfig:
     frozen: int = _opt(1, min=1)
     # scales every layer's channel count
     width_mult: float = _opt(1.0, min=0.0, min_exclusive=True)
+    # weight initialisation of a registry model: kaiming_normal (He et al. 2015: N(0, 2/fan_in))
+    # or torch (nn.Conv2d / nn.Linear's own, U(+-1/sqrt(fan_in)), what the baselines' stock
+    # layers start from). A model.name factory keeps the weights of the network it returns.
+    init: str = _opt("kaiming_normal", choices=("kaiming_normal", "torch"))
     # extra keyword arguments for create_model (architecture-specific)
     kwargs: dict[str, Any] = _opt(factory=dict)
 

@@ -125,6 +125,16 @@ class BayesNestedLayer(nn.Module):
         self.reset_sigma(log_alpha_init)
 
     @torch.no_grad()
+    def reset_torch_default(self, log_alpha_init: float) -> None:
+        """nn.Conv2d / nn.Linear's own initialisation (``model.init: torch``): weights
+        U(+-1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)), a bias U(+-1/sqrt(fan_in))."""
+        nn.init.kaiming_uniform_(self.weight_mu, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.weight_mu[0].numel())
+            self.bias.uniform_(-bound, bound)
+        self.reset_sigma(log_alpha_init)
+
+    @torch.no_grad()
     def reset_sigma(self, log_alpha: float) -> None:
         """sigma = |mu| sqrt(alpha) (BN³ App. 9.1 initialises log alpha), floored so a weight
         near zero still has some spread. Called again when the variational phase starts after a

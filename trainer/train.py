@@ -33,6 +33,7 @@ from trainer.device import channels_last_, ddp_backend, resolve_device
 from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
+from trainer.models.factory import is_factory_path
 from trainer.ordering import tau_schedule
 from trainer.regime import regime_step
 
@@ -63,6 +64,9 @@ def build_model(cfg: Config, data: DataSplits) -> NestedModel:
                   init_mubar=cfg.ordering.init_mubar, log_alpha_init=cfg.bayes.log_alpha_init)
     kwargs.update(cfg.model.kwargs)
     model = create_model(cfg.model.name, **kwargs)
+    if cfg.model.init == "torch" and not is_factory_path(cfg.model.name):
+        for layer in model.bayes_layers():
+            layer.reset_torch_default(cfg.bayes.log_alpha_init)
     apply_weight_prior(model, cfg)
     for w in cfg.train.eval_widths:
         model.check_width(w)

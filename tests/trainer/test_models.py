@@ -209,3 +209,46 @@ def test_errors_name_what_is_wrong():
         with model.width(0.2):
             pass
     assert model.min_width() == 0.25
+
+
+# ---- model.init ------------------------------------------------------------------------------
+def _built(init: str, name: str = "nested_cnn_small", seed: int = 0):
+    from trainer.config import load_config
+    from trainer.data import load_data
+    from trainer.train import build_model
+
+    cfg = load_config("digits", [f"model.init={init}", f"model.name={name}"])
+    torch.manual_seed(seed)
+    return build_model(cfg, load_data(cfg.data))
+
+
+def test_torch_init_draws_the_stock_layers_uniform_weights_and_biases():
+    model = _built("torch")
+    for layer in model.bayes_layers():
+        fan_in = layer.weight_mu[0].numel()
+        bound = 1.0 / fan_in ** 0.5
+        w = layer.weight_mu.detach()
+        assert w.abs().max() <= bound + 1e-7, "U(+-1/sqrt(fan_in))"
+        if w.numel() >= 1000:  # the uniform's std, bound / sqrt(3), not kaiming_normal's
+            assert w.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.1)
+        if layer.bias is not None:
+            assert layer.bias.abs().max() <= bound and layer.bias.abs().max() > 0
+        # sigma is re-derived from the new means (alpha = exp(log_alpha_init))
+        want = (w.abs() * torch.exp(torch.tensor(-2.0))).clamp_min(1e-5)
+        torch.testing.assert_close(layer.weight_sigma.detach(), want, rtol=1e-4, atol=1e-7)
+
+
+def test_kaiming_normal_init_has_the_he_std():
+    model = _built("kaiming_normal")
+    big = [layer for layer in model.bayes_layers() if layer.weight_mu.numel() >= 1000]
+    assert big
+    for layer in big:
+        fan_in = layer.weight_mu[0].numel()
+        assert layer.weight_mu.std().item() == pytest.approx((2 / fan_in) ** 0.5, rel=0.1)
+
+
+def test_init_leaves_a_factory_models_own_weights_alone():
+    a = _built("torch", name="user_nets:small_cnn")
+    b = _built("kaiming_normal", name="user_nets:small_cnn")
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(p, q, msg=n)
