@@ -75,10 +75,13 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
     squeeze = phases["memory squeeze"]
     assert all(by_id[r["config_id"]].memory_mb <= r["budget_memory_mb"] for r in squeeze)
     assert all(r["budget_met"] for r in squeeze + phases["unconstrained"] + phases["recovered"])
-    # a tighter latency budget never buys a costlier configuration (by the manifest's latency)
+    # a tighter latency budget never buys a costlier configuration (by the manifest's latency).
+    # The runtime decides on its live estimates, so two configurations whose manifest latencies
+    # differ by less than their timing noise may swap places: allow 3 % (one run failed on
+    # 0.031726 vs 0.031720 ms, two configurations 0.02 % apart)
     cost = lambda rs: np.mean([by_id[r["config_id"]].latency_ms for r in rs])  # noqa: E731
-    assert cost(phases["CPU shared"]) <= cost(phases["battery saver"]) \
-        <= cost(phases["unconstrained"])
+    assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"])
+    assert cost(phases["battery saver"]) <= 1.03 * cost(phases["unconstrained"])
     # the cascade climbs widths within one scope
     assert len({by_id[r["config_id"]].scope for r in phases["cascade"]}) == 1
 
