@@ -78,7 +78,7 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
     # a tighter latency budget never buys a costlier configuration (by the manifest's latency).
     # The runtime decides on its live estimates, so two configurations whose manifest latencies
     # differ by less than their timing noise may swap places: allow 3 % (one run failed on
-    # 0.031726 vs 0.031720 ms, two configurations 0.02 % apart)
+    # phase means of 0.031726 vs 0.031720 ms, 0.02 % apart)
     cost = lambda rs: np.mean([by_id[r["config_id"]].latency_ms for r in rs])  # noqa: E731
     assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"])
     assert cost(phases["battery saver"]) <= 1.03 * cost(phases["unconstrained"])
