@@ -40,7 +40,8 @@ def screen_baseline(method: str, cfg, n: int) -> dict:
     _, h, _, c = data.spec.shape
     build = lambda w: BM.plain_net(cfg, w, num_classes=data.num_classes,  # noqa: E731
                                    in_channels=c, input_size=h)
-    torch.set_num_threads(cfg.train.threads)
+    if cfg.train.threads:  # null = torch's default, as train() does
+        torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
     if method == "det":
         net = build(1.0)
