@@ -9,9 +9,15 @@ width (posterior mean, BN re-collected) as one JSON line. Never looks at the tes
 instead, on the same training subset, with the config's optimizer, schedule, epochs and seed,
 and scores it the same way (BN re-collected per width on the same calibration images; no
 temperature), so a variant of ours can be read against US-Nets on validation, seed for seed.
+
+``--ood PATH.npz`` also scores OOD detection per width on the *selection half* of that set (the
+first half of its ``x_test``; ``benchmarks/baselines.py`` reports on the second half): validation
+images are the in-distribution class, the temperature is fitted on validation NLL (as every
+method's +TS row), and the AUROC is read by predictive entropy and by max-softmax.
 """
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -19,24 +25,46 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baselines
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import baseline_models as BM  # noqa: E402
 from baselines import WIDTHS, _subset, train_subset  # noqa: E402
 from edge_sdk import metrics as M  # noqa: E402
+from exporters.calibrate import fit_temperature, predictive_probs  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.data import load_data  # noqa: E402
-from trainer.evaluate import batches  # noqa: E402
+from trainer.data import load_data, load_ood, subset  # noqa: E402
+from trainer.evaluate import batches, predict_probs, recollect_bn  # noqa: E402
 from trainer.train import train  # noqa: E402
 
 
-def screen_baseline(method: str, cfg, n: int) -> dict:
-    """Validation accuracy / NLL per width of a baseline trained on ``n`` training images."""
+def ood_selection_half(path: str, spec) -> list:
+    """The first half of an OOD set's images as evaluation batches (the half choices are made on)."""
+    ood = load_ood(f"npz:{path}", spec)
+    return batches(subset(ood, torch.arange(len(ood) // 2).numpy()))
+
+
+def score(val_logits, labels, ood_logits=None) -> list:
+    """[accuracy, NLL] at T=1 and, with OOD logits, [T, AUROC entropy, AUROC max-softmax] at the
+    temperature fitted on validation NLL."""
+    probs = predictive_probs(val_logits[None])
+    row = [round(M.accuracy(probs, labels), 4), round(M.nll(probs, labels), 4)]
+    if ood_logits is not None:
+        T = fit_temperature(val_logits[None], labels)
+        p, q = predictive_probs(val_logits[None], T), predictive_probs(ood_logits[None], T)
+        row += [round(T, 3), round(M.ood_auroc(M.predictive_entropy(p), M.predictive_entropy(q)), 4),
+                round(M.ood_auroc(-p.max(-1), -q.max(-1)), 4)]
+    return row
+
+
+def screen_baseline(method: str, cfg, n: int, ood_path: str | None = None) -> dict:
+    """Validation scores per width of a baseline trained on ``n`` training images."""
     data = load_data(cfg.data)
     train_ds = _subset(data.train, n)
     calib = batches(train_ds, min(cfg.data.calib_samples, len(train_ds)), cfg.seed, batch=256)
     val = batches(data.val)
     labels = torch.cat([y for _, y in val]).numpy()
+    ood = ood_selection_half(ood_path, data.spec) if ood_path else None
     _, h, _, c = data.spec.shape
     build = lambda w: BM.plain_net(cfg, w, num_classes=data.num_classes,  # noqa: E731
                                    in_channels=c, input_size=h)
@@ -51,32 +79,49 @@ def screen_baseline(method: str, cfg, n: int) -> dict:
         slim = BM.slimmable_net(build(1.0))
         BM.train_slimmable(slim, cfg, train_ds, cfg.seed, cfg.train.epochs)
         nets = {w: BM.slim_at(slim, w, calib) for w in WIDTHS}
-    out = {}
-    for w, net in nets.items():
-        probs = torch.softmax(torch.from_numpy(BM.logits_of(net, val)), -1).numpy()
-        out[f"{w:g}"] = (round(M.accuracy(probs, labels), 4), round(M.nll(probs, labels), 4))
-    return out
+    return {f"{w:g}": score(BM.logits_of(net, val), labels,
+                            BM.logits_of(net, ood) if ood else None)
+            for w, net in nets.items()}
+
+
+def screen_ours(cfg, n: int, out: str, ood_path: str | None = None) -> dict:
+    """Validation scores per width of our trained network (posterior mean, BN re-collected)."""
+    with train_subset(n):
+        res = train(cfg, out, progress=False, log=lambda *a: None)
+        data = load_data(cfg.data)  # the subset train() saw: its BN calibration images
+    if not ood_path:
+        return {f"{w:g}": [round(r["accuracy"], 4), round(r["nll"], 4)]
+                for w, r in res.val.items()}
+    calib = batches(data.train, cfg.data.calib_samples, cfg.seed, batch=256)
+    val, ood = batches(data.val), ood_selection_half(ood_path, data.spec)
+    model, out_rows = copy.deepcopy(res.model), {}
+    for w in cfg.train.eval_widths:
+        recollect_bn(model, calib, w)
+        # log-probabilities as logits: softmax(log p / T) = softmax(z / T) for the logits z
+        pv, labels = predict_probs(model, val, w)
+        po, _ = predict_probs(model, ood, w)
+        out_rows[f"{w:g}"] = score(np.log(pv[0]), labels, np.log(po[0]))
+    return out_rows
 
 
 def main() -> None:
     args = sys.argv[1:]
-    baseline = None
-    if args[:1] == ["--baseline"]:
-        baseline, args = args[1], args[2:]
+    baseline = ood = None
+    while args[:1] in (["--baseline"], ["--ood"]):
+        if args[0] == "--baseline":
+            baseline = args[1]
+        else:
+            ood = args[1]
+        args = args[2:]
     if len(args) < 3 or baseline not in (None, "slimmable", "det"):
         sys.exit(__doc__)
     name, n, out, *overrides = args
     cfg = load_config(name, overrides)
     t0 = time.perf_counter()
-    if baseline:
-        val = screen_baseline(baseline, cfg, int(n))
-    else:
-        with train_subset(int(n)):
-            res = train(cfg, out, progress=False, log=lambda *a: None)
-        val = {f"{w:g}": (round(r["accuracy"], 4), round(r["nll"], 4))
-               for w, r in res.val.items()}
+    val = (screen_baseline(baseline, cfg, int(n), ood) if baseline
+           else screen_ours(cfg, int(n), out, ood))
     print(json.dumps({"config": name, "method": baseline or "ours", "train_subset": int(n),
-                      "overrides": overrides, "val": val,
+                      "overrides": overrides, "ood": ood, "val": val,
                       "seconds": round(time.perf_counter() - t0)}))
 
 
