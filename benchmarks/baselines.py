@@ -33,6 +33,10 @@ public datasets come from). Full run (what the README quotes)::
     python benchmarks/baselines.py --datasets cifar10_dev,fashion_mnist --threads 2
 
 Smoke run: ``--datasets fashion_mnist --max-train 2000 --max-eval 1000 --epochs 1``.
+
+Seeds: run it once per ``--set seed=K`` (same splits; the seed draws initial weights and batch
+order), then ``--seed-mean A/results.json B/results.json ...`` prints the mean table, the spread
+across seeds and the goals judged on the means.
 """
 from __future__ import annotations
 
@@ -472,6 +476,58 @@ def combine(paths: list[str], out: Path) -> None:
     log(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
 
 
+def seed_mean(paths: list[str], out: Path) -> None:
+    """One table per dataset whose every figure is the mean over several runs that differ only in
+    ``--set seed=K`` (same data splits: ``data.split_seed`` is separate), with the goals judged on
+    the means and the spread across seeds (sample standard deviation) of accuracy, NLL and
+    entropy AUROC beside them: a per-width comparison closer than that spread is not a finding."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    if len(runs) < 2:
+        sys.exit(f"--seed-mean needs at least two runs, got {len(runs)}")
+    by_name: dict[str, list[dict]] = {}
+    for run in runs:
+        for res in run["datasets"]:
+            by_name.setdefault(res["dataset"], []).append(res)
+    md = [f"Mean over seeds of: {', '.join(paths)}", ""] + [f"- {r['run']}" for r in runs]
+    merged = []
+    for name, parts in by_name.items():
+        keys = [(r["method"], r["width"]) for r in parts[0]["rows"]]
+        rows, spread = [], ["| method | width | accuracy sd | NLL sd | AUROC (ent) sd per group |",
+                            "|---|---|---|---|---|"]
+        for method, width in keys:
+            found = [_get(p["rows"], method, width) for p in parts]
+            found = [r for r in found if r is not None]
+            row, sd = {"method": method, "width": width, "seeds": len(found)}, {}
+            for k in found[0]:
+                vals = [r[k] for r in found if isinstance(r.get(k), (int, float))]
+                if len(vals) == len(found) and k not in ("width",):
+                    mean = float(np.mean(vals))  # counts (bytes, MACs, unique) stay ints
+                    row[k] = round(mean) if all(isinstance(v, int) for v in vals) else mean
+                    sd[k] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+            rows.append(row | {"sd": sd})  # a key of its own: goals and table read row keys
+            if "accuracy" in sd and row["seeds"] > 1:
+                aur = " / ".join(f"{sd[k]:.4f}" for k in sorted(sd)
+                                 if k.startswith("auroc_") and not k.startswith("auroc_msp_"))
+                spread.append(f"| {method} | {width:.2f} | {sd['accuracy']:.4f} | "
+                              f"{sd['nll']:.4f} | {aur or '-'} |")
+        select = dict.fromkeys(sorted(set().union(*(p.get("select_groups", []) for p in parts))))
+        res = {"dataset": name, "seeds": len(parts), "rows": rows, "goals": goals(rows, select),
+               "select_groups": sorted(select)}
+        merged.append(res)
+        text = table(rows)
+        log(f"\n### {name}: mean of {len(parts)} seeds (test split)\n{text}\n\n"
+            + "\n".join(spread) + "\n")
+        log("\n".join(res["goals"]))
+        md += ["", f"### {name}: mean of {len(parts)} seeds", "", text, "",
+               "Spread across seeds (sample standard deviation):", "", *spread, "",
+               "Goals judged on the means:", "", "```", *res["goals"], "```"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"parts": [r["run"] for r in runs],
+                                                  "datasets": merged}, indent=1))
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    log(f"\nwrote {out / 'results.json'} and {out / 'results.md'}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", default="cifar10_dev,fashion_mnist",
@@ -507,9 +563,15 @@ def main() -> None:
                    help="training samples used by PWFN/SQS fine-tuning (0 = all)")
     p.add_argument("--quantize-eval", type=int, default=2000,
                    help="val/test samples for the quantizers' internal progress evaluations")
+    p.add_argument("--seed-mean", nargs="+", metavar="RESULTS_JSON", default=None,
+                   help="average several runs that differ only in --set seed=K into --out "
+                   "(mean table, spread across seeds, goals judged on the means); trains nothing")
     args = p.parse_args()
     if args.combine:
         combine(args.combine, Path(args.out))
+        return
+    if args.seed_mean:
+        seed_mean(args.seed_mean, Path(args.out))
         return
     torch.set_num_threads(args.threads)
     names = [d for d in args.datasets.split(",") if d]
