@@ -11,7 +11,8 @@ epochs; the baselines are the config's model graph built from stock layers:
   independent [+TS]     a deterministic network trained separately at each width
                         (width 1.0 is the det fp32 network itself)
   ensemble K [+TS]      deep ensemble of K full-width deterministic networks (member 1 = det fp32)
-  ours float            our trained checkpoint before quantization (posterior mean, torch)
+  ours float            our trained checkpoint before quantization (posterior mean, BN
+                        re-collected per width, torch), scored like the baselines (+TS too)
   ours+PWFN / ours+SQS  nested Bayesian network, quantized, exported; every number is measured
                         on the bundle's .tflite files through the interpreter, at the bundle's
                         temperature (fitted on validation by the exporter); scopes point, head
