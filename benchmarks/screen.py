@@ -88,11 +88,12 @@ def screen_ours(cfg, n: int, out: str, ood_path: str | None = None) -> dict:
     """Validation scores per width of our trained network (posterior mean, BN re-collected)."""
     with train_subset(n):
         res = train(cfg, out, progress=False, log=lambda *a: None)
-        data = load_data(cfg.data)  # the subset train() saw: its BN calibration images
     if not ood_path:
         return {f"{w:g}": [round(r["accuracy"], 4), round(r["nll"], 4)]
                 for w, r in res.val.items()}
-    calib = batches(data.train, cfg.data.calib_samples, cfg.seed, batch=256)
+    data = load_data(cfg.data)
+    # BN re-collected on the images train() calibrates on: a seeded draw from its subset
+    calib = batches(_subset(data.train, n), cfg.data.calib_samples, cfg.seed, batch=256)
     val, ood = batches(data.val), ood_selection_half(ood_path, data.spec)
     model, out_rows = copy.deepcopy(res.model), {}
     for w in cfg.train.eval_widths:
