@@ -184,17 +184,24 @@ def bundle_rows(bundle: Path, method: str, eval_sets: dict, labels: np.ndarray,
     return rows
 
 
+def width_logits(model, calib: list, sets: dict, widths=WIDTHS) -> dict:
+    """{width: {set: [1, N, C]}} of our float network at its posterior mean, BN re-collected per
+    width on ``calib`` (this overwrites ``model``'s statistics: pass a copy to keep them).
+    Log-probabilities stand in for logits: softmax(log p / T) = softmax(z / T)."""
+    out = {}
+    for w in widths:
+        recollect_bn(model, calib, w)
+        out[w] = {k: np.log(predict_probs(model, b, w)[0]) for k, b in sets.items()}
+    return out
+
+
 def float_rows_of(state: dict, calib: list, sets: dict, labels: dict, seconds: float) -> list:
     """The trained float network (posterior mean, BN re-collected per width, torch) scored like
     every baseline, +TS included: with the bundle's rows it shows what quantization and export
     cost in accuracy, NLL and AUROC."""
-    model, rows = ckpt_io.model_from_checkpoint(state), []
-    for w in WIDTHS:
-        recollect_bn(model, calib, w)
-        # log-probabilities as logits: softmax(log p / T) = softmax(z / T)
-        logits = {k: np.log(predict_probs(model, b, w)[0]) for k, b in sets.items()}
-        rows += baseline_rows("ours float", w, logits, labels, None, None, seconds)
-    return rows
+    logits = width_logits(ckpt_io.model_from_checkpoint(state), calib, sets)
+    return [row for w, lg in logits.items()
+            for row in baseline_rows("ours float", w, lg, labels, None, None, seconds)]
 
 
 def run_ours(cfg, data, args, work: Path, eval_sets: dict, labels: dict,
@@ -510,7 +517,7 @@ def seed_mean(paths: list[str], out: Path) -> None:
             row, sd = {"method": method, "width": width, "seeds": len(found)}, {}
             for k in found[0]:
                 vals = [r[k] for r in found if isinstance(r.get(k), (int, float))]
-                if len(vals) == len(found) and k not in ("width",):
+                if len(vals) == len(found) and k != "width":
                     mean = float(np.mean(vals))  # counts (bytes, MACs, unique) stay ints
                     row[k] = round(mean) if all(isinstance(v, int) for v in vals) else mean
                     sd[k] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0

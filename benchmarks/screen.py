@@ -29,42 +29,48 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import baseline_models as BM  # noqa: E402
-from baselines import WIDTHS, _subset, train_subset  # noqa: E402
-from edge_sdk import metrics as M  # noqa: E402
-from exporters.calibrate import fit_temperature, predictive_probs  # noqa: E402
+from baselines import WIDTHS, _subset, quality, train_subset, width_logits  # noqa: E402
+from exporters.calibrate import fit_temperature  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.data import load_data, load_ood, subset  # noqa: E402
-from trainer.evaluate import batches, predict_probs, recollect_bn  # noqa: E402
+from trainer.evaluate import batches  # noqa: E402
 from trainer.train import train  # noqa: E402
 
 
 def ood_selection_half(path: str, spec) -> list:
     """The first half of an OOD set's images as evaluation batches (the half choices are made on)."""
     ood = load_ood(f"npz:{path}", spec)
-    return batches(subset(ood, torch.arange(len(ood) // 2).numpy()))
+    return batches(subset(ood, np.arange(len(ood) // 2)))
 
 
 def score(val_logits, labels, ood_logits=None) -> list:
     """[accuracy, NLL] at T=1 and, with OOD logits, [T, AUROC entropy, AUROC max-softmax] at the
-    temperature fitted on validation NLL."""
-    probs = predictive_probs(val_logits[None])
-    row = [round(M.accuracy(probs, labels), 4), round(M.nll(probs, labels), 4)]
+    temperature fitted on validation NLL; [1, N, C] logits scored by the baselines' own
+    :func:`baselines.quality`, validation standing in for its test split."""
+    q = quality({"test": val_logits}, labels, 1.0)
+    row = [round(q["accuracy"], 4), round(q["nll"], 4)]
     if ood_logits is not None:
-        T = fit_temperature(val_logits[None], labels)
-        p, q = predictive_probs(val_logits[None], T), predictive_probs(ood_logits[None], T)
-        row += [round(T, 3), round(M.ood_auroc(M.predictive_entropy(p), M.predictive_entropy(q)), 4),
-                round(M.ood_auroc(-p.max(-1), -q.max(-1)), 4)]
+        T = fit_temperature(val_logits, labels)
+        q = quality({"test": val_logits, "ood:sel": ood_logits}, labels, T)
+        row += [round(T, 3), round(q["auroc_sel"], 4), round(q["auroc_msp_sel"], 4)]
     return row
+
+
+def eval_sets(cfg, n: int, ood_path: str | None):
+    """(data, training subset, BN calibration batches, validation batches, labels, OOD batches):
+    the calibration images are the seeded draw train() takes from the same subset."""
+    data = load_data(cfg.data)
+    train_ds = _subset(data.train, n)
+    calib = batches(train_ds, cfg.data.calib_samples, cfg.seed, batch=256)
+    val = batches(data.val)
+    labels = torch.cat([y for _, y in val]).numpy()
+    ood = ood_selection_half(ood_path, data.spec) if ood_path else None
+    return data, train_ds, calib, val, labels, ood
 
 
 def screen_baseline(method: str, cfg, n: int, ood_path: str | None = None) -> dict:
     """Validation scores per width of a baseline trained on ``n`` training images."""
-    data = load_data(cfg.data)
-    train_ds = _subset(data.train, n)
-    calib = batches(train_ds, min(cfg.data.calib_samples, len(train_ds)), cfg.seed, batch=256)
-    val = batches(data.val)
-    labels = torch.cat([y for _, y in val]).numpy()
-    ood = ood_selection_half(ood_path, data.spec) if ood_path else None
+    data, train_ds, calib, val, labels, ood = eval_sets(cfg, n, ood_path)
     _, h, _, c = data.spec.shape
     build = lambda w: BM.plain_net(cfg, w, num_classes=data.num_classes,  # noqa: E731
                                    in_channels=c, input_size=h)
@@ -79,8 +85,8 @@ def screen_baseline(method: str, cfg, n: int, ood_path: str | None = None) -> di
         slim = BM.slimmable_net(build(1.0))
         BM.train_slimmable(slim, cfg, train_ds, cfg.seed, cfg.train.epochs)
         nets = {w: BM.slim_at(slim, w, calib) for w in WIDTHS}
-    return {f"{w:g}": score(BM.logits_of(net, val), labels,
-                            BM.logits_of(net, ood) if ood else None)
+    return {f"{w:g}": score(BM.logits_of(net, val)[None], labels,
+                            BM.logits_of(net, ood)[None] if ood else None)
             for w, net in nets.items()}
 
 
@@ -91,18 +97,10 @@ def screen_ours(cfg, n: int, out: str, ood_path: str | None = None) -> dict:
     if not ood_path:
         return {f"{w:g}": [round(r["accuracy"], 4), round(r["nll"], 4)]
                 for w, r in res.val.items()}
-    data = load_data(cfg.data)
-    # BN re-collected on the images train() calibrates on: a seeded draw from its subset
-    calib = batches(_subset(data.train, n), cfg.data.calib_samples, cfg.seed, batch=256)
-    val, ood = batches(data.val), ood_selection_half(ood_path, data.spec)
-    model, out_rows = copy.deepcopy(res.model), {}
-    for w in cfg.train.eval_widths:
-        recollect_bn(model, calib, w)
-        # log-probabilities as logits: softmax(log p / T) = softmax(z / T) for the logits z
-        pv, labels = predict_probs(model, val, w)
-        po, _ = predict_probs(model, ood, w)
-        out_rows[f"{w:g}"] = score(np.log(pv[0]), labels, np.log(po[0]))
-    return out_rows
+    _, _, calib, val, labels, ood = eval_sets(cfg, n, ood_path)
+    logits = width_logits(copy.deepcopy(res.model), calib, {"val": val, "ood": ood},
+                          cfg.train.eval_widths)
+    return {f"{w:g}": score(lg["val"], labels, lg["ood"]) for w, lg in logits.items()}
 
 
 def main() -> None:
