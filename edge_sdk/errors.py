@@ -51,3 +51,45 @@ class BudgetNotMetError(BudgetError):
 
 class ProfileError(EdgeSdkError, ValueError):
     """A device profile is missing, malformed or fails its schema."""
+
+
+class SliceError(BundleError):
+    """A slice's ``.tflite`` bytes are not a graph edge-sdk can run safely: malformed, outside
+    what the writer writes, unsound (shapes, types, indices, constants), or refused by the
+    interpreter at allocation. Raised before any invoke (issue 36)."""
+
+
+class SignatureError(BundleError):
+    """Base of the signed-bundle refusals (``load(..., trusted_keys=...)``, docs/signing.md)."""
+
+
+class UnsignedBundleError(SignatureError):
+    """Trusted keys were given but the bundle has no signature file."""
+
+
+class UntrustedKeyError(SignatureError):
+    """The bundle is signed, by a key that is not among the trusted keys."""
+
+
+class SignatureMismatchError(SignatureError):
+    """The signature names a trusted key but does not verify: the manifest's bytes changed
+    after signing (or the signature file was edited)."""
+
+
+class UnlistedFileError(SignatureError):
+    """A signed bundle holds a file its manifest does not list (nothing unsigned may ride
+    along in a bundle an app trusts)."""
+
+
+class ChecksumMismatchError(BundleError):
+    """A listed file's size or sha256 is not the manifest's: a byte changed after export (or,
+    for a signed bundle, after signing)."""
+
+
+class SigningKeyError(EdgeSdkError, ValueError):
+    """A signing or trusted key is missing, unreadable, or not an Ed25519 PEM key of the
+    expected kind (private: PKCS#8; public: SubjectPublicKeyInfo)."""
+
+
+class SigningUnavailableError(EdgeSdkError):
+    """Signing or verifying needs the optional ``cryptography`` package, which is absent."""

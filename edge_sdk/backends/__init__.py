@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk.backends.tflite_model import FULLY_CONNECTED, OpInfo, read_ops
-from edge_sdk.errors import EdgeSdkError
+from edge_sdk.errors import EdgeSdkError, SliceError
 
 ENV_VAR = "EDGE_SDK_BACKEND"
 BACKENDS = ("litert", "tflite-runtime")  # the order ``auto`` tries them in
@@ -151,6 +151,11 @@ def quiet_delegate_banner(cls: Any) -> None:
             rest = rest[os.write(2, rest):]
 
 
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())  # one line, whatever the interpreter printed
+    return text[:300] if text else type(e).__name__
+
+
 def _guarded(cls: Any, name: str) -> Any:
     """``cls`` whose construction turns the op resolver's ValueError (an op or op version this
     backend does not know) into a one-line BackendError naming the file."""
@@ -159,13 +164,30 @@ def _guarded(cls: Any, name: str) -> Any:
     class Interpreter(cls):
         def __init__(self, *args: Any, model_name: str | None = None, **kwargs: Any) -> None:
             # model_name: what to call a model given as bytes (model_content=) in errors
+            self._edge_sdk_name = model_name or (
+                Path(kwargs["model_path"]).name if kwargs.get("model_path") else "a model")
             try:
                 super().__init__(*args, **kwargs)
             except ValueError as e:
-                what = model_name or (Path(kwargs["model_path"]).name if kwargs.get("model_path")
-                                      else "a model")
-                first = str(e).strip().splitlines()[0] if str(e).strip() else "ValueError"
-                raise BackendError(f"{name} cannot run {what}: {first}") from e
+                raise BackendError(f"{name} cannot run {self._edge_sdk_name}: "
+                                   f"{_first_line(e)}") from e
+
+        # (issue 36) the interpreter's RuntimeError at allocation (an operator index out of
+        # range, a reshape that cannot hold, ...) is a typed refusal naming the file, not a raw
+        # exception at the first predict; invoke() stays unwrapped (the hot path)
+        def allocate_tensors(self) -> None:
+            try:
+                super().allocate_tensors()
+            except (RuntimeError, ValueError) as e:
+                raise SliceError(f"{name} cannot allocate {self._edge_sdk_name}: "
+                                 f"{_first_line(e)}") from None
+
+        def resize_tensor_input(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                super().resize_tensor_input(*args, **kwargs)
+            except (RuntimeError, ValueError) as e:
+                raise SliceError(f"{name} cannot resize the input of {self._edge_sdk_name}: "
+                                 f"{_first_line(e)}") from None
 
     Interpreter.__qualname__ = Interpreter.__name__ = cls.__name__
     Interpreter.__module__ = cls.__module__
@@ -215,12 +237,18 @@ def unrunnable_bytes(data: bytes, name: str, backend: str) -> list[str]:
 
 
 def check_parses(interp_cls: Any, blobs: Mapping[str, bytes]) -> None:
-    """Build (without allocating) an interpreter of ``interp_cls`` (from
-    :func:`interpreter_class`) from every slice, so a model the backend's flatbuffer verifier or
-    op resolver refuses fails at ``load()`` as a BackendError naming the file, not at the first
-    predict. Cheap: about 0.1-0.5 ms per digits slice with LiteRT (no tensors allocated)."""
+    """Build and allocate an interpreter of ``interp_cls`` (from :func:`interpreter_class`)
+    from every slice, so a model the backend's flatbuffer verifier, op resolver or allocation
+    refuses fails at ``load()`` as a BackendError or SliceError naming the file, not at the
+    first predict."""
     for name, data in blobs.items():
-        interp_cls(model_content=data, num_threads=1, model_name=name)
+        _build_and_allocate(interp_cls, data, name)
+
+
+def _build_and_allocate(interp_cls: Any, data: bytes, name: str) -> None:
+    """Build and allocate (issue 36: at ``load()``, inside the typed wrapper, so what the
+    interpreter refuses at allocation is a SliceError now, never at the first predict)."""
+    interp_cls(model_content=data, num_threads=1, model_name=name).allocate_tensors()
 
 
 def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
@@ -241,7 +269,7 @@ def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
             known[name] = unrunnable_bytes(data, name, backend)
             if known[name]:
                 break  # named below with the configurations standing on it
-            interp_cls(model_content=data, num_threads=1, model_name=name)
+            _build_and_allocate(interp_cls, data, name)
         _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins, known)
         return
     _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins)

@@ -16,7 +16,7 @@ import yaml
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, STORE_SUFFIX, _file_name
 from edge_sdk.bundle.recovery import missing_bundle_message
-from edge_sdk.errors import BundleError
+from edge_sdk.errors import BundleError, ChecksumMismatchError
 from edge_sdk.validation import MAX_DEPTH, got
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -167,12 +167,12 @@ def verify_files(bundle_dir: PathLike, manifest: Manifest) -> None:
         except OSError as exc:
             raise BundleError(f"{root}: cannot read {entry.name!r}: {exc}") from None
         if size != entry.bytes:
-            raise BundleError(
+            raise ChecksumMismatchError(
                 f"{root}: file {entry.name!r} has {size} bytes, the manifest says {entry.bytes} "
                 "(truncated or modified)"
             )
         if digest != entry.sha256:
-            raise BundleError(
+            raise ChecksumMismatchError(
                 f"{root}: checksum mismatch for {entry.name!r}: manifest sha256 {entry.sha256}, "
                 f"file sha256 {digest} (corrupted or modified)"
             )

@@ -2,14 +2,15 @@
 
 Only verified bytes ever run. :func:`read_slices` reads every file of a bundle **once**, checks
 its size and sha256 on those very bytes (:func:`verify_bytes`) and that it is a TFLite model
-whose input and output tensors are the ones the manifest promises (:func:`check_slice`); the
-runtime then builds interpreters from these bytes (``model_content=``), never from the path
-again, so a file swapped after ``load()`` (or re-read after LRU eviction, or in a new thread)
+whose input and output tensors are the ones the manifest promises (:func:`check_slice`, which
+parses the whole graph back first: :mod:`edge_sdk.tflite_reader`); the runtime then builds
+interpreters from these bytes (``model_content=``), never from the path again, so a file swapped after ``load()`` (or re-read after LRU eviction, or in a new thread)
 cannot run. Anything that builds an interpreter from bytes made elsewhere (e.g. slices
 materialised in memory, :mod:`edge_sdk.bundle.materialized`) calls :func:`verify_bytes` and
 :func:`check_slice` on them the same way.
 
-stdlib only (the ``.tflite`` reader is :mod:`edge_sdk.backends.tflite_model`).
+stdlib + numpy (the ``.tflite`` readers: :mod:`edge_sdk.backends.tflite_model`,
+:mod:`edge_sdk.tflite_reader`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from edge_sdk.backends.tflite_model import IOTensor, read_io
 from edge_sdk.bundle.manifest import Configuration, Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
 from edge_sdk.bundle.records import FileEntry, InputSpec
-from edge_sdk.errors import BundleError
+from edge_sdk.errors import BundleError, ChecksumMismatchError
+from edge_sdk.tflite_reader import read_graph
 
 __all__ = ["check_slice", "read_slices", "verify_bytes"]
 
@@ -34,12 +36,13 @@ def verify_bytes(data: bytes, entry: FileEntry, where: str = "") -> None:
     """BundleError unless ``data`` has the size and sha256 ``entry`` lists."""
     at = f"{where}: " if where else ""
     if len(data) != entry.bytes:
-        raise BundleError(f"{at}file {entry.name!r} has {len(data)} bytes, the manifest says "
-                          f"{entry.bytes} (truncated or modified)")
+        raise ChecksumMismatchError(f"{at}file {entry.name!r} has {len(data)} bytes, the "
+                                    f"manifest says {entry.bytes} (truncated or modified)")
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
-        raise BundleError(f"{at}checksum mismatch for {entry.name!r}: manifest sha256 "
-                          f"{entry.sha256}, file sha256 {digest} (corrupted or modified)")
+        raise ChecksumMismatchError(f"{at}checksum mismatch for {entry.name!r}: manifest "
+                                    f"sha256 {entry.sha256}, file sha256 {digest} (corrupted "
+                                    "or modified)")
 
 
 def _describe(t: IOTensor) -> str:
@@ -53,6 +56,10 @@ def check_slice(data: bytes, name: str, config: Configuration, spec: InputSpec,
     (``[S, C]`` for head scope, ``[1, C]`` otherwise). Only the batch dimension (``batch_dim``;
     0 in a version-1 bundle, whose slices still run at batch 1) may be -1 in a shape signature."""
     what = f"{where}: {name}" if where else name
+    # the whole graph first (issue 36): parsed back into the writer's description and checked
+    # as the store route checks what it materialises, so no unsound flatbuffer (a shape that
+    # lies, an index out of range, a cycle, a NaN constant) ever reaches an interpreter
+    read_graph(data, what)
     inputs, outputs = read_io(data, what)
     expect_in = f"{MODEL_DTYPE} {list(spec.shape)}"
     expect_out = f"{MODEL_DTYPE} {list(config.output.shape)}"
@@ -91,8 +98,9 @@ def _read_once(path: Path, entry: FileEntry, root: Path) -> bytes:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size != entry.bytes:
-                raise BundleError(f"{root}: file {entry.name!r} has {size} bytes, the manifest "
-                                  f"says {entry.bytes} (truncated or modified)")
+                raise ChecksumMismatchError(f"{root}: file {entry.name!r} has {size} bytes, "
+                                            f"the manifest says {entry.bytes} (truncated or "
+                                            "modified)")
             data = f.read(entry.bytes + 1)  # one more: a file growing while read shows up
     except OSError as exc:
         raise BundleError(f"{root}: cannot read {entry.name!r}: {exc}") from None

@@ -403,7 +403,9 @@ def test_load_checks_each_representative_once_and_known_wrong_names_who_stands_o
         SimpleNamespace(id="w1-all2", files=[f("s0"), f("s1")]),
         SimpleNamespace(id="w1-point", files=[f("p")])])
     stand = {"s0": "s0", "s1": "s0", "p": "p"}
-    interp = lambda **kw: parsed.append(kw["model_name"])  # noqa: E731
+    # built and allocated at load() (issue 36): a stand-in whose allocation succeeds
+    interp = lambda **kw: parsed.append(kw["model_name"]) or SimpleNamespace(  # noqa: E731
+        allocate_tensors=lambda: None)
 
     check_bundle("b", manifest, "litert", Lazy(s0=hybrid, p=clean), interp, stand)
     assert sorted(looked) == ["p", "s0"] and sorted(parsed) == ["p", "s0"]

@@ -25,7 +25,7 @@ from edge_sdk.bundle import (
     read_slices,
     verify_bytes,
 )
-from edge_sdk.errors import BundleError, EdgeSdkError
+from edge_sdk.errors import BundleError, EdgeSdkError, SliceError
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -171,8 +171,11 @@ def test_a_hostile_bundle_is_refused_at_load_naming_the_file(bundle, tmp_path, c
 def test_an_unknown_operator_is_refused_at_load_not_at_the_first_predict(bundle, tmp_path):
     c = _by_scope(bundle, "point")
     hostile = _put(_copy(bundle, tmp_path / "b"), c["id"], _unknown_op(_file(bundle, c)))
-    read_slices(hostile, read_manifest(hostile))  # our reader accepts it: same tensors
-    with pytest.raises(BackendError, match=rf"cannot run {c['files'][0]['name']}"):
+    # (issue 36) the graph reader refuses it before any interpreter sees it, naming the file
+    with pytest.raises(SliceError, match=rf"{c['files'][0]['name']}: operator code 250 is not "
+                                         "one edge-sdk writes"):
+        read_slices(hostile, read_manifest(hostile))
+    with pytest.raises(SliceError, match=rf"{c['files'][0]['name']}: operator code 250"):
         edge_sdk.load(hostile, profile=None)
 
 
