@@ -111,7 +111,7 @@ def test_builtin_models_need_no_per_model_code():
     src = open(T.__file__).read() + open(T.lower.__code__.co_filename).read()
     assert not any(f"trainer.models.{m}" in src for m in ("cnn", "vgg", "mobilenetv2"))
     assert set(list_models()) == {"nested_cnn_small", "nested_vgg", "nested_mobilenetv2",
-                                  "resnet20_cifar", "mobilenet_v2"}
+                                  "resnet20_cifar", "mobilenet_v2", "nested_allconv"}
 
 
 @pytest.mark.parametrize("name,kw,hwc", [

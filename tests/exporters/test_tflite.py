@@ -29,6 +29,7 @@ CASES = {
     # issue 20's registry: nest(...) of plain definitions
     "resnet20_cifar": ({"residual": "stage", "nest_stem": True}, (32, 32, 3)),
     "mobilenet_v2": ({"width_mult": 0.75}, (32, 32, 3)),
+    "nested_allconv": ({"width_mult": 0.5}, (32, 32, 3)),
 }
 WIDTHS = [0.25, 0.5, 1.0]
 

@@ -367,3 +367,34 @@ def test_load_data_refuses_data_that_changed_since_training(digits, tmp_path):
     with pytest.raises(InputSpecMismatchError, match=r"classes: the checkpoint has \('a', 'b', 'c'\), "
                                                      r"the data give \('a', 'b', 'z'\)"):
         load_data(cfg, spec)
+
+
+def test_crop_flip_batch_shifts_the_whole_batch_by_one_offset_and_flips_per_image():
+    from trainer.data import crop_flip_batch
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 3, 8, 8)
+    out = crop_flip_batch(x)
+    assert out.shape == x.shape
+    # every output image is a reflect-padded crop of its input at one (top, left) for all
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4), mode="reflect")
+    found = set()
+    for i in range(len(x)):
+        hits = {(t, l, f) for t in range(9) for l in range(9) for f in (False, True)
+                if torch.equal(out[i], (lambda c: c.flip(-1) if f else c)(
+                    padded[i, :, t:t + 8, l:l + 8]))}
+        assert hits, f"image {i} is not a crop of its padded input"
+        found.add(frozenset((t, l) for t, l, _ in hits))
+    assert len(set.intersection(*[set(h) for h in found])) >= 1  # one offset for the batch
+    flips = [any(torch.equal(out[i], padded[i, :, t:t + 8, l:l + 8].flip(-1)) for t in range(9)
+                 for l in range(9)) for i in range(len(x))]
+    assert 0 < sum(flips) < len(x)  # per image, not per batch
+
+
+def test_batched_fetch_matches_per_item_fetch_without_augmentation():
+    ds = ArrayDataset(torch.randn(10, 1, 4, 4), torch.arange(10), np.zeros((10, 4, 4, 1)), "none")
+    items = ds.__getitems__([3, 1, 7])
+    assert all(torch.equal(a[0], ds[i][0]) and int(a[1]) == i for a, i in zip(items, [3, 1, 7]))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    xb, yb = next(iter(loader))
+    assert torch.equal(xb, ds.x[:4]) and torch.equal(yb, ds.y[:4])

@@ -23,6 +23,8 @@ CASES = {
     "resnet20_cifar": ({}, (3, 32, 32), 3),
     "resnet20_cifar@stage": ({"residual": "stage", "nest_stem": True}, (3, 32, 32), 3),
     "mobilenet_v2": ({"width_mult": 0.75}, (3, 32, 32), 3),
+    "nested_allconv": ({"width_mult": 0.5}, (3, 32, 32), 3),
+    "nested_allconv@stem": ({"width_mult": 0.5, "nest_stem": False}, (3, 32, 32), 3),
 }
 
 
@@ -252,3 +254,32 @@ def test_init_leaves_a_factory_models_own_weights_alone():
     b = _built("kaiming_normal", name="user_nets:small_cnn")
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         torch.testing.assert_close(p, q, msg=n)
+
+
+def test_allconv_slices_have_the_plain_networks_channels_and_macs():
+    # nest_stem (the default): a width-w slice is the plain all-conv network at width w, which
+    # is what issue 32's references are compared at
+    from trainer.models.plain import AllConvNet, allconv_channels
+
+    def macs(net):
+        total = [0]
+        hooks = [m.register_forward_hook(lambda l, i, o: total.__setitem__(
+            0, total[0] + o[0].numel() * l.weight[0].numel()))
+            for m in net.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+        net.eval()(torch.zeros(1, 3, 32, 32))
+        for h in hooks:
+            h.remove()
+        return total[0]
+
+    assert allconv_channels(1.0) == (32, 64, 128)
+    assert allconv_channels(0.25) == (8, 16, 32)
+    assert allconv_channels(0.3, 8) == (16, 24, 40)  # rounded up, never down
+    full = AllConvNet()
+    assert macs(full) == 38_634_752  # issue 32: ~38.6 M MACs, the VGG11-at-0.5 budget
+    nested = create_model("nested_allconv").eval()
+    for w in (0.25, 0.5, 1.0):
+        sliced = nested.truncate(w)
+        convs = [m for m in sliced.modules() if isinstance(m, BayesNestedConv2d)]
+        plain = AllConvNet(10, 3, allconv_channels(w))
+        assert [c.weight_mu.shape[0] for c in convs] == [
+            m.out_channels for m in plain.modules() if isinstance(m, torch.nn.Conv2d)]
