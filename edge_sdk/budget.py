@@ -12,6 +12,38 @@ import numpy as np
 from edge_sdk.errors import BudgetError
 
 
+# Bounds of every budget-like number (issue 36: 10**400 raised a raw OverflowError): far above
+# any real budget (a day; 1 TiB), low enough that sums and ratios of them stay finite.
+MAX_LATENCY_MS = 86_400_000.0
+MAX_MEMORY_MB = float(2 ** 20)
+
+
+def bounded_number(v: object, what: str, maximum: float, unit: str) -> float:
+    """``v`` as a float in (0, maximum], or a BudgetError in one line (never OverflowError:
+    ``float(10**400)`` raises it, so the conversion is guarded)."""
+    bad = isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
+    if not bad:
+        try:
+            f = float(v)
+        except (OverflowError, ValueError, TypeError):
+            f = math.inf
+        if math.isnan(f) or f <= 0:
+            bad = True
+        elif f > maximum:
+            raise BudgetError(f"{what} must be at most {maximum:g} {unit}, got {_short(v)}")
+    if bad:
+        raise BudgetError(f"{what} must be a positive number of {unit} (at most {maximum:g}) or "
+                          f"None, got {type(v).__name__} {_short(v)}")
+    return f
+
+
+def _short(v: object) -> str:
+    if isinstance(v, int) and v.bit_length() > 64:
+        return f"<an integer of {v.bit_length()} bits>"
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass(frozen=True)
 class Budget:
     """Per-call limits; ``None`` means unconstrained."""
@@ -20,14 +52,13 @@ class Budget:
     memory_mb: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("latency_ms", "memory_mb"):
+        for name, top, unit in (("latency_ms", MAX_LATENCY_MS, "ms"),
+                                ("memory_mb", MAX_MEMORY_MB, "MB")):
             v = getattr(self, name)
             if v is None:
                 continue
-            if (isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
-                    or math.isnan(v) or v <= 0):
-                raise BudgetError(f"Budget.{name} must be a positive number or None, got {v!r}")
-            object.__setattr__(self, name, float(v))  # numpy scalars welcome, stored as float
+            # numpy scalars welcome, stored as float
+            object.__setattr__(self, name, bounded_number(v, f"Budget.{name}", top, unit))
 
 
 def check_budget(value: object, what: str = "budget") -> Budget:

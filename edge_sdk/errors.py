@@ -93,3 +93,12 @@ class SigningKeyError(EdgeSdkError, ValueError):
 
 class SigningUnavailableError(EdgeSdkError):
     """Signing or verifying needs the optional ``cryptography`` package, which is absent."""
+
+
+class AllocationError(SliceError):
+    """The interpreter refused to allocate (or resize) a slice's tensors."""
+
+
+class OutputError(BundleError):
+    """A configuration answered non-finite logits or probabilities (a slice or a manifest
+    number that checks could not rule out): refused rather than answering NaN."""

@@ -245,8 +245,11 @@ def check_tensor(t: Tensor) -> None:
             raise ConfigError(f"tensor {t.name!r}: {len(q.scale)} scales for axis {q.axis} of "
                               f"shape {list(t.shape)} (one per channel expected)")
         s = np.asarray(q.scale, np.float64)
-        if not (np.isfinite(s).all() and (s > 0).all()):
-            raise ConfigError(f"tensor {t.name!r}: quantization scales must be finite and > 0")
+        # written as float32: a scale float32 cannot carry would become inf or 0 (issue 36)
+        if not (np.isfinite(s).all() and (s >= 1.1754943508222875e-38).all()
+                and (s <= 3.4028234663852886e38).all()):
+            raise ConfigError(f"tensor {t.name!r}: quantization scales must be finite, > 0 and "
+                              "within float32's normal range")
 
 
 def check_weight(t: Tensor, weights: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -37,6 +37,7 @@ import numpy as np
 from edge_sdk.budget import Budget, MemoryProbe, check_budget  # noqa: F401 - public here too
 from edge_sdk.bundle import Configuration
 from edge_sdk.errors import BudgetError, BudgetNotMetError, ConfigError
+from edge_sdk.validation import show
 
 # Used only when the manifest has no measured latency: a deliberately slow 1 GMAC/s CPU plus a
 # fixed per-invoke overhead, so an unmeasured configuration is never optimistically preferred.
@@ -65,12 +66,14 @@ class Plan:
 def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
             lo_open: bool = False) -> float:
     ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
-          and (not integer or isinstance(v, numbers.Integral)) and math.isfinite(v)
-          and (v > lo if lo_open else v >= lo) and v <= hi)
+          and (not integer or isinstance(v, numbers.Integral)))
+    # compared before math.isfinite: an int beyond float range (10**400) made it raise a raw
+    # OverflowError (issue 36); Python compares such ints with floats exactly
+    ok = ok and (v > lo if lo_open else v >= lo) and v <= hi and math.isfinite(v)
     if not ok:
         kind = "an integer" if integer else "a finite number"
         raise ConfigError(f"{name} must be {kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}], "
-                          f"got {v!r}")
+                          f"got {show(v)}")
     return int(v) if integer else float(v)
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from edge_sdk.bundle import Configuration
+from edge_sdk.errors import OutputError
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,11 @@ def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], fl
         s = sum(e)
         probs = [v / s for v in e]
         # sum_k p_k z_k with z = (row - m) / T, using sum_k p_k = 1
-        entropy = max(math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m), 0.0)
-        return probs, entropy, 0.0
+        entropy = math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m) if s > 0 \
+            else math.nan
+        if not (math.isfinite(entropy) and math.isfinite(s)):  # NaN or inf in: never NaN out
+            _non_finite(c, logits)
+        return probs, max(entropy, 0.0), 0.0
     z = logits.astype(np.float64) * inv_t
     z -= z.max(-1, keepdims=True)
     e = np.exp(z)
@@ -59,7 +63,18 @@ def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], fl
     expected = float((np.log(s[:, 0]) - (p_s * z).sum(-1)).mean())
     p = p_s.mean(0)
     entropy = float(-(p * np.log(np.where(p > 0, p, 1.0))).sum())
+    if not (math.isfinite(entropy) and math.isfinite(expected) and np.isfinite(p).all()):
+        _non_finite(c, logits)
     return p.tolist(), entropy, max(entropy - expected, 0.0)
+
+
+def _non_finite(c: Configuration, logits: np.ndarray):
+    """(issue 36) NaN or inf logits (weights a check could not rule out, e.g. finite ones that
+    overflow float32 together) are refused, never answered as NaN probabilities, label 0."""
+    bad = int((~np.isfinite(np.asarray(logits, np.float64))).sum())
+    raise OutputError(f"configuration {c.id!r} answered non-finite values ({bad} of "
+                      f"{np.asarray(logits).size} logits NaN or infinite, temperature "
+                      f"{c.temperature:g}): its slice or manifest is broken; refusing to answer")
 
 
 @dataclass
@@ -96,6 +111,8 @@ def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft]:
     else:
         expected = (np.log(s[..., 0]) - (p_s * z).sum(-1)).mean(-1)
         mi = np.maximum(entropy - expected, 0.0)
+    if not (np.isfinite(entropy).all() and np.isfinite(p).all() and np.isfinite(mi).all()):
+        _non_finite(c, logits)
     labels = p.argmax(-1)  # the first maximum, as draft()
     probs = p.tolist()
     return [Draft(c, row, h, m, lab, row[lab]) for row, h, m, lab in

@@ -23,7 +23,9 @@ from typing import Callable
 import numpy as np
 
 from edge_sdk.backends import check_bundle, interpreter_class
+from edge_sdk.budget import MAX_MEMORY_MB, bounded_number
 from edge_sdk.bundle import Configuration, Manifest, read_manifest
+from edge_sdk.validation import show
 from edge_sdk.bundle.materialized import SliceSource, open_slices
 from edge_sdk.errors import BudgetError, ConfigError, ProfileError
 from edge_sdk.explain import ExplainRow, Explanation
@@ -47,21 +49,17 @@ def _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or not 1 <= threads <= MAX_THREADS):
         raise ConfigError(f"threads must be an integer in [1, {MAX_THREADS}] or None (the "
-                          f"runtime's default), got {threads!r}")
+                          f"runtime's default), got {show(threads)}")
     if not isinstance(policy, str) or policy not in MODES:
         raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {policy!r}")
     if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
             or not 0 < target_accuracy <= 1:
         raise ConfigError(f"target_accuracy must be a number in (0, 1], got "
-                          f"{target_accuracy!r}")
+                          f"{show(target_accuracy)}")
     if not isinstance(strict, bool):
         raise ConfigError(f"strict must be True or False, got {strict!r}")
-    if memory_cap_mb is not None and (
-            isinstance(memory_cap_mb, (bool, np.bool_))
-            or not isinstance(memory_cap_mb, numbers.Real)
-            or not math.isfinite(memory_cap_mb) or memory_cap_mb <= 0):
-        raise BudgetError(f"memory_cap_mb must be a positive number of MB or None, got "
-                          f"{memory_cap_mb!r}")
+    if memory_cap_mb is not None:  # bounded: 10**400 raised a raw OverflowError (issue 36)
+        bounded_number(memory_cap_mb, "memory_cap_mb", MAX_MEMORY_MB, "MB")
 
 
 class EdgeModel(Executor):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_sdk.errors import EdgeSdkError
+from edge_sdk.errors import AllocationError, EdgeSdkError
 from edge_sdk.policy import Budget, Stage
 from edge_sdk.prediction import Draft, Prediction, draft, draft_batch, finish
 
@@ -95,6 +95,10 @@ class Executor:
         if n > 1 and self.manifest.batch_resizable and self._batchable.get(c.id, True):
             try:
                 interps, built = self._resident(c, n)
+            except AllocationError:  # the interpreter refused this batch size: loop instead
+                self._batchable[c.id] = False
+                for f in c.files:
+                    self._local.cache.pop(f.name, None)
             except EdgeSdkError:
                 raise  # a slice refused (e.g. materialised bytes off the manifest): not a resize
             except _RESIZE_ERRORS:

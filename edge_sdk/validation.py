@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 from edge_sdk.errors import BundleError
 
 __all__ = [
-    "INT_MAX", "MAX_DEPTH", "MAX_NODES", "NodeBudget", "bool_value", "choice", "fail", "float_value", "got",
+    "FLOAT32_MAX", "FLOAT32_TINY", "INT_MAX", "MAX_DEPTH", "MAX_NODES", "NodeBudget",
+    "bool_value", "choice", "f32_value", "fail", "float_value", "got",
     "int_value", "join", "key_path", "list_value", "mapping", "optional_float", "plain", "show",
     "str_value",
 ]
@@ -105,6 +106,26 @@ def float_value(
         fail(path, f"expected a number >= {ge:g}, got {result!r}")
     if le is not None and not result <= le:
         fail(path, f"expected a number <= {le:g}, got {result!r}")
+    return result
+
+
+# What float32 can carry (issue 36): a manifest number the runtime computes with in float32
+# (input mean and std, temperatures, quantization scales) must be one, or it silently turns
+# into inf, 0 or NaN there (std 1e-45 -> NaN probabilities, std 1e39 -> one answer for all)
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
+def f32_value(value: object, path: str, *, positive: bool = False, **bounds: float) -> float:
+    """:func:`float_value` that float32 can carry: ``|x| <= 3.4e38`` and, with ``positive``,
+    ``x >= 1.18e-38`` (float32's smallest normal: a divisor below it overflows)."""
+    result = float_value(value, path, **bounds)
+    if abs(result) > FLOAT32_MAX:
+        fail(path, f"expected a number float32 can carry (|x| <= {FLOAT32_MAX:.4g}), got "
+                   f"{result!r}")
+    if positive and not result >= FLOAT32_TINY:
+        fail(path, f"expected a positive number float32 can carry (>= {FLOAT32_TINY:.4g}, its "
+                   f"smallest normal), got {result!r}")
     return result
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk.backends.tflite_model import FULLY_CONNECTED, OpInfo, read_ops
-from edge_sdk.errors import EdgeSdkError, SliceError
+from edge_sdk.errors import AllocationError, EdgeSdkError
 
 ENV_VAR = "EDGE_SDK_BACKEND"
 BACKENDS = ("litert", "tflite-runtime")  # the order ``auto`` tries them in
@@ -179,14 +179,14 @@ def _guarded(cls: Any, name: str) -> Any:
             try:
                 super().allocate_tensors()
             except (RuntimeError, ValueError) as e:
-                raise SliceError(f"{name} cannot allocate {self._edge_sdk_name}: "
+                raise AllocationError(f"{name} cannot allocate {self._edge_sdk_name}: "
                                  f"{_first_line(e)}") from None
 
         def resize_tensor_input(self, *args: Any, **kwargs: Any) -> None:
             try:
                 super().resize_tensor_input(*args, **kwargs)
             except (RuntimeError, ValueError) as e:
-                raise SliceError(f"{name} cannot resize the input of {self._edge_sdk_name}: "
+                raise AllocationError(f"{name} cannot resize the input of {self._edge_sdk_name}: "
                                  f"{_first_line(e)}") from None
 
     Interpreter.__qualname__ = Interpreter.__name__ = cls.__name__

@@ -32,6 +32,7 @@ from edge_sdk.validation import (
     NodeBudget,
     bool_value,
     choice,
+    f32_value,
     fail,
     float_value,
     int_value,
@@ -175,7 +176,9 @@ class Configuration(_Record):
                 f"expected {shape} for scope {scope!r} (samples={samples}), "
                 f"got {list(output.shape)}",
             )
-        out["temperature"] = float_value(v["temperature"], join(path, "temperature"), gt=0.0)
+        # logits / temperature in float32 (5e-324 made NaN probabilities: issue 36)
+        out["temperature"] = f32_value(v["temperature"], join(path, "temperature"),
+                                       positive=True)
         out["temperature_folded"] = bool_value(v["temperature_folded"], join(path, "temperature_folded"))
         out["weights"] = choice(v["weights"], join(path, "weights"), WEIGHT_ROUTES)
         out["macs"] = int_value(v["macs"], join(path, "macs"), minimum=0)

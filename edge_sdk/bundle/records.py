@@ -16,7 +16,9 @@ from typing import Any
 
 from edge_sdk.errors import BundleError, DataError, InputSpecError, InputSpecMismatchError
 from edge_sdk.validation import (
+    FLOAT32_MAX,
     choice,
+    f32_value,
     fail,
     float_value,
     got,
@@ -341,7 +343,7 @@ class InputSpec(_Record):
         dtype = choice(v["dtype"], join(path, "dtype"), INPUT_DTYPES)
         p = join(path, "value_range")
         items = list_value(v["value_range"], p, length=2)
-        lo, hi = (float_value(x, f"{p}[{i}]") for i, x in enumerate(items))
+        lo, hi = (f32_value(x, f"{p}[{i}]") for i, x in enumerate(items))
         if not lo < hi:
             fail(p, f"expected [lo, hi] with lo < hi, got [{lo!r}, {hi!r}]")
         if dtype == "uint8" and not (0 <= lo and hi <= 255):
@@ -349,13 +351,18 @@ class InputSpec(_Record):
         channels = shape[3]
         p = join(path, "mean")
         mean = tuple(
-            float_value(x, f"{p}[{i}]") for i, x in enumerate(list_value(v["mean"], p, length=channels))
+            f32_value(x, f"{p}[{i}]") for i, x in enumerate(list_value(v["mean"], p, length=channels))
         )
         p = join(path, "std")
         std = tuple(
-            float_value(x, f"{p}[{i}]", gt=0.0)
+            f32_value(x, f"{p}[{i}]", positive=True)
             for i, x in enumerate(list_value(v["std"], p, length=channels))
         )
+        for i, (m, s) in enumerate(zip(mean, std)):
+            # the normalised input (raw - mean) / std must be a float32 too, at both ends
+            if max(abs(lo - m), abs(hi - m)) / s > FLOAT32_MAX:
+                fail(f"{p}[{i}]", f"(value_range - mean) / std overflows float32 with std "
+                                  f"{s!r}: expected std >= {max(abs(lo - m), abs(hi - m)) / FLOAT32_MAX:.4g}")
         classes = v["classes"]
         if classes is not None:
             p = join(path, "classes")

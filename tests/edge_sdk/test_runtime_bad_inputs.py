@@ -56,10 +56,17 @@ def test_a_number_gets_a_hint_how_to_write_the_budget(model, x):
 
 
 # --------------------------------------------------------------------------- load() arguments
-@pytest.mark.parametrize("cap", ["x", -5, 0, math.nan, math.inf, True, np.bool_(True), [3]],
+@pytest.mark.parametrize("cap", ["x", -5, 0, math.nan, True, np.bool_(True), [3]],
                          ids=repr)
 def test_memory_cap_mb_must_be_a_positive_number(bundle, cap):
     with pytest.raises(BudgetError, match="memory_cap_mb must be a positive number"):
+        edge_sdk.load(bundle, memory_cap_mb=cap)
+
+
+@pytest.mark.parametrize("cap", [math.inf, 10 ** 400, 1e300, 2.0 ** 20 + 1], ids=repr)
+def test_memory_cap_mb_is_bounded(bundle, cap):
+    """(issue 36) 10**400 raised a raw OverflowError; every value above 1 TiB is typed."""
+    with pytest.raises(BudgetError, match=r"memory_cap_mb must be at most 1\.04858e\+06 MB"):
         edge_sdk.load(bundle, memory_cap_mb=cap)
 
 
