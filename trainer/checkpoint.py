@@ -18,6 +18,7 @@ import torch
 from edge_sdk.bundle import InputSpec
 from edge_sdk.errors import CheckpointError, InputSpecError
 from trainer.models import NestedModel, create_model
+from trainer.ordering import rescale_of
 
 FORMAT = "edge-sdk-checkpoint"
 VERSION = 1
@@ -143,5 +144,7 @@ def model_from_checkpoint(ckpt: dict[str, Any]) -> NestedModel:
         model.load_state_dict(ckpt["state_dict"], strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint weights do not match architecture {arch['name']}: {e}") from e
+    # the keep-probability rescale follows the regime the network was trained with
+    model.set_rescale(rescale_of(ckpt.get("config")))
     model.eval()
     return model

@@ -67,8 +67,10 @@ class DataConfig:
     test_fraction: float = _opt(0.2, min=0.0, max=0.5, min_exclusive=True, max_exclusive=True)
     # the split is part of the checkpoint: same seed -> same untouched test set
     split_seed: int = _opt(0, min=0)
-    # auto = crop_flip for 32x32 RGB (CIFAR/SVHN practice), none for small grey images
-    augment: str = _opt("auto", choices=("auto", "none", "crop_flip"))
+    # auto = crop_flip for 32x32 RGB (CIFAR/SVHN practice), none for small grey images;
+    # crop_flip: zero-padded crop + flip per image; crop_flip_batch: one reflect-padded crop
+    # offset per batch, flip per image (issue 32's reference recipe; vectorised over the batch)
+    augment: str = _opt("auto", choices=("auto", "none", "crop_flip", "crop_flip_batch"))
     # BN re-collection subset of the training split (BN3 App. 9.2): ~1k samples suffice
     calib_samples: int = _opt(1024, min=1)
     # imagefolder: resize to this square size (required there; images differ in size)
@@ -127,6 +129,14 @@ class OrderingConfig:
     # layer = every unit draws its width independently (BN³); network = the units share their
     # Gumbel noise, so one pass runs a coherent narrow or wide network (marginals unchanged)
     coupling: str = _opt("layer", choices=("layer", "network"))
+    # the keep-probability rescale at a fixed width (BN3 App. 8.2: a kept channel times E[z]).
+    # It is the test-time match of *sampled* Downhill masks; a regime whose every pass runs a
+    # fixed 0/1 width (train.sampled_width: uniform, with or without the sandwich) never sees
+    # a scaled channel, and its keep probabilities get no data gradient (they stay at their
+    # init), so rescaling there evaluates a network that was never trained (issue 32: the
+    # nested all-conv network, 9k images, 6 epochs, validation +0.4 / +0.3 / +0.9 / +0.45 pt
+    # at 0.25..1 without it). null = on exactly when training draws Downhill masks
+    rescale: bool | None = None
 
     def _cross_check(self, path: str) -> None:
         if self.tau_end > self.tau_start:
@@ -167,8 +177,12 @@ class TrainConfig:
     momentum: float = _opt(0.9, min=0.0, max=1.0)
     # off by default: the Bayesian prior already regularises
     weight_decay: float = _opt(0.0, min=0.0)
-    # cosine decays to ~0 at the last epoch without extra knobs
-    schedule: str = _opt("cosine", choices=("cosine", "step", "none"))
+    # cosine decays to ~0 at the last epoch without extra knobs; onecycle (Smith & Topin 2019,
+    # torch's OneCycleLR with momentum held): lr/25 -> lr over warmup_fraction of the steps,
+    # then down to lr/2.5e5, both phases cosine -- the schedule of issue 32's reference networks
+    schedule: str = _opt("cosine", choices=("cosine", "onecycle", "step", "none"))
+    # onecycle only: the fraction of the steps spent rising to lr (OneCycleLR's pct_start)
+    warmup_fraction: float = _opt(0.3, min=0.0, max=1.0, max_exclusive=True)
     # step schedule: multiply lr by gamma every step_size epochs
     step_size: int = _opt(10, min=1)
     gamma: float = _opt(0.1, min=0.0, max=1.0, min_exclusive=True)

@@ -146,6 +146,14 @@ class DownhillOrdering(nn.Module):
                              device=self.mubar.device)
         return (self.beta() * tails).sum()
 
+    rescale = True  # the App. 8.2 rescale at fixed widths (trainer.ordering.rescale_of)
+
+    def rescale_probability(self) -> torch.Tensor:
+        """What a kept group is multiplied by at a fixed width: its keep probability (App. 8.2)
+        or, for a network trained only at fixed 0/1 widths (``rescale`` False), 1."""
+        keep = self.keep_probability()
+        return keep if self.rescale else torch.ones_like(keep)
+
     def keep_probability(self) -> torch.Tensor:
         """E[z_j] = P(tail >= j) = prod_{k<=j} mu_k = 1 - sum_{k<j} beta_k (eq. 43–44), length G."""
         logit = self.mubar
@@ -198,7 +206,7 @@ class DownhillOrdering(nn.Module):
     def forward_mask(self, batch: int) -> torch.Tensor:
         """The group mask a layer multiplies its output by: [batch or 1, G]."""
         if self.fixed_groups is not None:
-            keep = self.keep_probability()
+            keep = self.rescale_probability()
             m = torch.zeros_like(keep)
             m[: self.fixed_groups] = 1.0
             return (m * keep if self.fixed_scaled else m.detach()).unsqueeze(0)
@@ -212,7 +220,7 @@ class DownhillOrdering(nn.Module):
             if gumbel is not None and gumbel.shape[0] != shape[0]:
                 gumbel = gumbel[:1].expand(shape + gumbel.shape[1:])
             return self.sample(hard=self.hard, shape=shape, gumbel=gumbel)
-        return self.keep_probability().unsqueeze(0)  # full width, rescaled (App. 8.2)
+        return self.rescale_probability().unsqueeze(0)  # full width, rescaled (App. 8.2)
 
     @contextmanager
     def fixed(self, width: float | None, scaled: bool = True) -> Iterator[None]:
@@ -235,3 +243,15 @@ def tau_schedule(step: int, total_steps: int, tau_start: float, tau_end: float) 
         return tau_end
     frac = min(max(step / (total_steps - 1), 0.0), 1.0)
     return float(tau_start * (tau_end / tau_start) ** frac)
+
+
+def rescale_of(config: dict | None) -> bool:
+    """``ordering.rescale`` of a checkpoint's (or a Config's dict) training config: as set, or
+    (null) on exactly when a training pass draws Downhill masks (``train.sampled_width``
+    ``downhill``). A checkpoint without a config keeps the paper's rescale."""
+    if not config:
+        return True
+    set_ = (config.get("ordering") or {}).get("rescale")
+    if set_ is not None:
+        return bool(set_)
+    return (config.get("train") or {}).get("sampled_width", "downhill") == "downhill"

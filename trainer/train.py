@@ -34,7 +34,7 @@ from trainer.evaluate import batches, evaluate_widths, format_table
 from trainer.layers import gaussian_kl, log_uniform_kl
 from trainer.models import NestedModel, create_model
 from trainer.models.factory import is_factory_path
-from trainer.ordering import tau_schedule
+from trainer.ordering import rescale_of, tau_schedule
 from trainer.regime import regime_step
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -68,6 +68,7 @@ def build_model(cfg: Config, data: DataSplits) -> NestedModel:
         for layer in model.bayes_layers():
             layer.reset_torch_default(cfg.bayes.log_alpha_init)
     apply_weight_prior(model, cfg)
+    model.set_rescale(rescale_of(config_to_dict(cfg)))
     for w in cfg.train.eval_widths:
         model.check_width(w)
     return model
@@ -104,9 +105,24 @@ def _scheduler(opt: torch.optim.Optimizer, cfg: Config, total_steps: int, steps_
     if t.schedule == "cosine":
         return torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    if t.schedule == "onecycle":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: onecycle(s, total_steps,
+                                                                          t.warmup_fraction))
     if t.schedule == "step":
         return torch.optim.lr_scheduler.StepLR(opt, t.step_size * steps_per_epoch, t.gamma)
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def onecycle(step: int, total: int, warmup: float, div: float = 25.0,
+             final_div: float = 1e4) -> float:
+    """The lr factor of OneCycleLR's two cosine phases (torch defaults: start at 1/div, peak 1
+    after ``warmup`` of the steps, end at 1/(div * final_div)); momentum is not cycled."""
+    peak = max(1.0, warmup * total)
+    lo, end = 1.0 / div, 1.0 / (div * final_div)
+    if step < peak:
+        return lo + (1.0 - lo) * 0.5 * (1 - math.cos(math.pi * step / peak))
+    frac = min(1.0, (step - peak) / max(1.0, total - peak))
+    return end + (1.0 - end) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
 def param_groups(model: NestedModel, cfg: Config) -> list[dict]:

@@ -136,3 +136,25 @@ def test_tau_schedule_anneals_monotonically():
     taus = [tau_schedule(s, 100, 1.0, 0.1) for s in range(100)]
     assert taus[0] == pytest.approx(1.0) and taus[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(taus, taus[1:]))
+
+
+def test_rescale_of_follows_the_regime_and_switches_the_fixed_width_mask():
+    from trainer.ordering import rescale_of
+
+    # sampled Downhill masks -> the App. 8.2 rescale; fixed 0/1 widths only -> none
+    assert rescale_of({"train": {"sampled_width": "downhill"}, "ordering": {}}) is True
+    assert rescale_of({"train": {"sampled_width": "uniform"}, "ordering": {}}) is False
+    assert rescale_of({"train": {"sampled_width": "uniform"},
+                       "ordering": {"rescale": True}}) is True
+    assert rescale_of(None) is True  # no recorded regime: the paper's rescale
+    u = unit()
+    keep = u.keep_probability().detach()
+    with u.fixed(0.5):
+        assert torch.allclose(u.forward_mask(1)[0], keep * (torch.arange(8) < 4))
+    u.rescale = False
+    with u.fixed(0.5):
+        assert torch.equal(u.forward_mask(1)[0], (torch.arange(8) < 4).float())
+    u.eval()
+    assert torch.equal(u.forward_mask(1)[0], torch.ones(8))
+    # the regulariser still sees the learned keep probabilities
+    assert torch.equal(u.keep_probability().detach(), keep)

@@ -181,3 +181,15 @@ def test_two_process_gloo_run_keeps_ranks_identical(tmp_path):
         moved |= not torch.equal(a[k], start[k])
     assert moved, "parameters did not change: no training happened"
     assert (tmp_path / "out" / CHECKPOINT_NAME).is_file()
+
+
+def test_onecycle_rises_to_the_peak_then_anneals_below_the_start():
+    from trainer.train import onecycle
+
+    total, warm = 1000, 0.3
+    f = [onecycle(s, total, warm) for s in range(total + 1)]
+    peak = f.index(max(f))
+    assert abs(f[0] - 1 / 25) < 1e-9 and abs(max(f) - 1.0) < 1e-9 and peak == 300
+    assert all(a <= b for a, b in zip(f[:peak], f[1:peak + 1]))  # rises
+    assert all(a >= b for a, b in zip(f[peak:], f[peak + 1:]))  # then only falls
+    assert abs(f[-1] - 1 / 25 / 1e4) < 1e-12

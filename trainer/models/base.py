@@ -62,6 +62,12 @@ class NestedModel(nn.Module):
                 stack.enter_context(unit.fixed(width, scaled))
             yield self
 
+    def set_rescale(self, rescale: bool) -> None:
+        """Whether fixed widths rescale kept channels by their keep probability, every unit
+        (``ordering.rescale``; :func:`trainer.ordering.rescale_of`)."""
+        for unit in self.orderings():
+            unit.rescale = bool(rescale)
+
     def set_mask_scope(self, scope: str) -> None:
         """One training mask per ``"batch"`` (forward pass) or per ``"example"``, every unit."""
         for unit in self.orderings():
@@ -117,7 +123,7 @@ class NestedModel(nn.Module):
         self.check_width(width)
         units = self.orderings()
         return ({id(u): u.groups_for_width(width) for u in units},
-                {id(u): u.keep_probability().detach() for u in units})
+                {id(u): u.rescale_probability().detach() for u in units})
 
     def truncation_plan(self, width: float) -> dict[str, "LayerCut"]:
         """Per Bayesian layer (module name), what the width-``width`` slice keeps of it: the one
