@@ -15,6 +15,7 @@ from torch import nn
 from train_speed import deterministic_twin  # benchmarks/ is on sys.path when run as a script
 from trainer.config import Config
 from trainer.models import create_model
+from trainer.models.plain import AllConvNet, allconv_channels
 from trainer.device import as_channels_last, channels_last_
 from trainer.train import _loader, _optimizer, _scheduler
 
@@ -30,6 +31,9 @@ def plain_net(cfg: Config, width: float, num_classes: int, in_channels: int,
     # At full width the groups' rounding (multiples of 4 x groups) is ours too: without it the
     # baselines had 9.9 M MACs where ours has 11.5 M (cifar10_dev, width_mult 0.25).
     groups = cfg.model.groups if width == 1.0 else 1
+    if cfg.model.name == "nested_allconv":  # issue 32's reference, from its stock definition
+        return AllConvNet(num_classes, in_channels,
+                          allconv_channels(cfg.model.width_mult * width, 4 * groups))
     nested = create_model(cfg.model.name, num_classes=num_classes, in_channels=in_channels,
                           input_size=input_size, width_mult=cfg.model.width_mult * width,
                           groups=groups, frozen=groups, **cfg.model.kwargs)

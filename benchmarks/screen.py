@@ -5,7 +5,7 @@ width (posterior mean, BN re-collected) as one JSON line. Never looks at the tes
     python benchmarks/screen.py fashion_mnist 18000 runs/screen/a \\
         data.source=npz:DIR/fashion_mnist.npz train.epochs=5 train.threads=1 train.min_width=0.25
 
-``--baseline slimmable`` (or ``det``) trains that baseline of ``benchmarks/baselines.py``
+``--baseline slimmable`` (or ``det``, or ``independent``: a plain network per width) trains that baseline of ``benchmarks/baselines.py``
 instead, on the same training subset, with the config's optimizer, schedule, epochs and seed,
 and scores it the same way (BN re-collected per width on the same calibration images; no
 temperature), so a variant of ours can be read against US-Nets on validation, seed for seed.
@@ -77,10 +77,12 @@ def screen_baseline(method: str, cfg, n: int, ood_path: str | None = None) -> di
     if cfg.train.threads:  # null = torch's default, as train() does
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
-    if method == "det":
-        net = build(1.0)
-        BM.train_plain(net, cfg, train_ds, cfg.seed, cfg.train.epochs)
-        nets = {1.0: net}
+    if method in ("det", "independent"):
+        nets = {}
+        for w in (WIDTHS if method == "independent" else (1.0,)):
+            torch.manual_seed(cfg.seed)
+            nets[w] = build(w)
+            BM.train_plain(nets[w], cfg, train_ds, cfg.seed, cfg.train.epochs)
     else:
         slim = BM.slimmable_net(build(1.0))
         BM.train_slimmable(slim, cfg, train_ds, cfg.seed, cfg.train.epochs)
@@ -112,7 +114,7 @@ def main() -> None:
         else:
             ood = args[1]
         args = args[2:]
-    if len(args) < 3 or baseline not in (None, "slimmable", "det"):
+    if len(args) < 3 or baseline not in (None, "slimmable", "det", "independent"):
         sys.exit(__doc__)
     name, n, out, *overrides = args
     cfg = load_config(name, overrides)
