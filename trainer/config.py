@@ -229,6 +229,9 @@ class TrainConfig:
     # with the sandwich: the weight of the sampled and narrowest passes' losses against the full
     # width's 1 (US-Nets sums them: 1)
     subnet_weight: float = _opt(1.0, min=0.0)
+    # with the sandwich: the narrowest width's pass every step (US-Nets' "min" of the sandwich);
+    # false leaves the narrowest width to the sampled passes
+    narrow_pass: bool = True
     # the first fraction of the epochs trains the full width alone (one pass per step), the
     # nested regime follows (Once-for-All's progressive shrinking, Cai et al. 2020, §3.2: the
     # full width first, then the narrower ones share and distil from it); 0 = nested throughout

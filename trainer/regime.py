@@ -62,7 +62,8 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
                mask_coupling: str, sandwich: bool, distill: bool, noise: bool,
                regularizer: Callable[[], torch.Tensor],
                min_width: float | None = None, sampled_width: str = "downhill",
-               sampled_passes: int = 1, subnet_weight: float = 1.0) -> StepResult:
+               sampled_passes: int = 1, subnet_weight: float = 1.0,
+               narrow_pass: bool = True) -> StepResult:
     """Forward and backward every pass of one step (the caller zeroes grads and steps).
 
     ``net`` is ``model`` or its DDP wrapper; ``regularizer()`` is added once per step (to the
@@ -71,7 +72,8 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
     ``sampled_width`` is ``"downhill"`` (the ordering's own draw) or ``"uniform"``
     (:func:`uniform_width`); ``sampled_passes`` is how many such passes a step runs (US-Nets'
     sandwich: 2 random widths besides the largest and smallest); ``subnet_weight`` scales the
-    sampled and narrowest passes' losses when the sandwich runs (1: US-Nets' plain sum).
+    sampled and narrowest passes' losses when the sandwich runs (1: US-Nets' plain sum);
+    ``narrow_pass=False`` drops the sandwich's narrowest pass (the full and sampled ones stay).
     """
     means = contextlib.nullcontext() if noise else model.weight_mode("mean")
     total = 0.0
@@ -115,7 +117,7 @@ def train_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: tor
             total += loss.item()
             reg = None
             logits = out if logits is None else logits
-        if sandwich:
+        if sandwich and narrow_pass:
             with model.width(min_width or model.min_width(), scaled=False):
                 loss = target_loss(net(x))
             loss.backward()
@@ -150,7 +152,8 @@ def regime_step(net: torch.nn.Module, model: NestedModel, x: torch.Tensor, y: to
                       regularizer=regularizer, min_width=sandwich_min_width(model, cfg),
                       sampled_width=cfg.train.sampled_width,
                       sampled_passes=cfg.train.sampled_passes,
-                      subnet_weight=cfg.train.subnet_weight)
+                      subnet_weight=cfg.train.subnet_weight,
+                      narrow_pass=cfg.train.narrow_pass)
 
 
 def sandwich_min_width(model: NestedModel, cfg: Config) -> float:

@@ -457,3 +457,18 @@ def test_channels_last_leaves_vectors_alone():
     nhwc = as_channels_last(img)
     assert torch.equal(nhwc, img) and not nhwc.is_contiguous()
     assert nhwc.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_without_the_narrow_pass_the_sandwich_runs_full_and_sampled_widths_only():
+    model = _model(groups=8)
+    model.set_mask_scope("batch")
+    model.train()
+    visits = []
+    h = model.nested_layers()[0].register_forward_hook(
+        lambda m, i, o: visits.append(m.ordering.fixed_groups))
+    x, y = _batch()
+    torch.manual_seed(0)
+    _step(model, x, y, sandwich=True, min_width=0.25, sampled_width="uniform",
+          narrow_pass=False)
+    h.remove()
+    assert len(visits) == 2 and visits[0] == 8 and 2 < visits[1] < 8
