@@ -12,11 +12,13 @@ get them (exit 2, nothing imported, nothing written).
 """
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from edge_sdk import __version__
 from edge_sdk.errors import BudgetNotMetError, EdgeSdkError
@@ -81,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``SystemExit`` raised by a command's own argparse (``--help``, bad arguments) propagates.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = command_entry_points()
+    commands = {**{k: _Builtin(v) for k, v in BUILTIN_COMMANDS.items()}, **command_entry_points()}
     names = sorted(commands)
 
     if not args or args[0] in ("-h", "--help"):
@@ -92,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name.startswith("-"):
-        print(f"{PROG}: unknown option '{name}'\n{_usage(names)}", file=sys.stderr)
+        print(one_line(f"{PROG}: unknown option '{name}' (run '{PROG} --help' for the "
+                       "commands)"), file=sys.stderr)
         return 2
     if name not in commands:
         if name in WORKSTATION_COMMANDS:  # a device install: say how to get it, touch nothing
@@ -109,15 +112,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     try:
-        code = command(rest)
+        with _one_line_argparse():
+            code = command(rest)
+    except _ArgumentError as exc:  # argparse's usage block + error, as one line (issue 36)
+        print(one_line(f"{exc.prog}: error: {exc.message} (run '{exc.prog} --help' for its "
+                       "arguments)"), file=sys.stderr)
+        return EXIT_INVALID
     except BudgetNotMetError as exc:  # a valid budget strict mode could not meet: not bad input
-        print(f"error: {exc}", file=sys.stderr)
+        print(one_line(f"error: {exc}"), file=sys.stderr)
         return EXIT_BUDGET_NOT_MET
     except EdgeSdkError as exc:
         # Our own errors already say what was wrong and what was expected; a traceback adds noise.
-        print(f"error: {exc}", file=sys.stderr)
+        print(one_line(f"error: {exc}"), file=sys.stderr)
         return EXIT_INVALID
     return 0 if code is None else int(code)
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line whatever it holds (issue 36: a newline in a path, or a
+    multi-line message, broke the one-line error): control characters escaped as Python
+    would write them (``\\n``), so a path stays readable and unambiguous."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
+class _ArgumentError(Exception):
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog, self.message = prog, message
+
+
+@contextmanager
+def _one_line_argparse():
+    """While a command runs, argparse's error() raises instead of printing the usage block
+    and exiting; ``--help`` still prints and exits 0. Every command's parser is covered,
+    the workstation wheel's too, without changing how they are written."""
+    def error(self: argparse.ArgumentParser, message: str) -> NoReturn:
+        raise _ArgumentError(self.prog, message)
+
+    saved = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
+
+
+# Commands of the device wheel that need no entry point (issue 36's signing commands): the
+# dispatcher knows them, so a wheel built before they existed, or an editable install whose
+# metadata predates them, still has them. An entry point of the same name wins.
+BUILTIN_COMMANDS = {"sign": "edge_sdk.signing_cli:sign_main",
+                    "keygen": "edge_sdk.signing_cli:keygen_main"}
+
+
+class _Builtin:
+    def __init__(self, target: str):
+        self.target = target
+
+    def load(self) -> Any:
+        import importlib
+
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
 
 if __name__ == "__main__":

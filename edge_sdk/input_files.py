@@ -25,7 +25,9 @@ def read_input(path: str, spec, resize: bool = False) -> np.ndarray:
     if p.is_dir():
         raise InputError(f"--input {path} is a directory; expected a .npy array or an image file")
     if not p.is_file():
-        raise InputError(f"--input {path} does not exist")
+        # say what it really is (issue 36: a FIFO was reported as missing)
+        kind = _special_kind(p)
+        raise InputError(f"--input {path} {kind}; expected a .npy array or an image file")
     if p.suffix.lower() == ".npy":
         return _read_npy(p)
     arr = _read_image(p)  # [h, w, channels] in [0, 1]
@@ -44,7 +46,81 @@ def read_input(path: str, spec, resize: bool = False) -> np.ndarray:
     return x.astype(np.float32)
 
 
+_SNIFF = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
+          (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a zip archive (an .npz?)"),
+          (b"\x80", "a Python pickle"), (b"BM", "a BMP image"), (b"\x7fELF", "an executable"))
+# the largest array a run input may declare: a few samples of the biggest model input
+_MAX_NPY_BYTES = 1 << 30
+
+
+def _special_kind(p: Path) -> str:
+    import stat
+
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return "does not exist"
+    for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return f"is {name}, not a regular file"
+    return "is not a regular file"
+
+
+def _sniff(head: bytes) -> str:
+    for magic, name in _SNIFF:
+        if head.startswith(magic):
+            return name
+    if not head:
+        return "an empty file"
+    try:
+        head.decode("utf-8")
+        return "a text file"
+    except UnicodeDecodeError:
+        return "binary data of an unknown kind"
+
+
+def _check_npy_header(p: Path) -> None:
+    """(issue 36) the header is read and checked before numpy allocates anything: a 137-byte
+    file declaring 10**12 elements made np.load raise its own memory error (a traceback)."""
+    fmt = np.lib.format
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(6)
+            if head != b"\x93NUMPY":
+                what = _sniff(head + f.read(58))
+                raise InputError(f"--input {p} is not a .npy array: it is {what} (a .npy file "
+                                 "starts with \\x93NUMPY)")
+            f.seek(0)
+            version = fmt.read_magic(f)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise InputError(f"--input {p}: .npy format version {version} is not one numpy "
+                                 "writes (1.0, 2.0, 3.0)")
+            read = {(1, 0): fmt.read_array_header_1_0}.get(version, fmt.read_array_header_2_0)
+            shape, _, dtype = read(f, max_header_size=10_000)
+            offset = f.tell()
+    except InputError:
+        raise
+    except (OSError, ValueError, SyntaxError, TypeError, EOFError) as e:
+        raise InputError(f"--input {p} is not a valid .npy file (its header: "
+                         f"{' '.join(str(e).split())[:200]})") from None
+    if dtype.hasobject:
+        raise InputError(f"--input {p} holds Python objects (an object array); expected a "
+                         "numeric array")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    need = count * dtype.itemsize
+    if need > _MAX_NPY_BYTES or need != size - offset:
+        raise InputError(f"--input {p} declares a {dtype} array of shape {list(shape)} "
+                         f"({need} bytes) but holds {size - offset} bytes of data"
+                         + (f" (at most {_MAX_NPY_BYTES} accepted)" if need > _MAX_NPY_BYTES
+                            else "") + ": truncated or not a .npy file numpy wrote")
+
+
 def _read_npy(p: Path) -> np.ndarray:
+    _check_npy_header(p)
     try:
         x = np.load(p, allow_pickle=False)
     except ValueError as e:
@@ -52,7 +128,7 @@ def _read_npy(p: Path) -> np.ndarray:
             raise InputError(f"--input {p} holds Python objects (an object array); expected a "
                              f"numeric array") from None
         raise InputError(f"--input {p} is not a valid .npy file ({e})") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, MemoryError) as e:
         raise InputError(f"--input {p} is not a valid .npy file ({e})") from None
     if not isinstance(x, np.ndarray):
         raise InputError(f"--input {p} is not a single .npy array (got {type(x).__name__})")

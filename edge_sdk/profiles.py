@@ -221,10 +221,18 @@ def load_profile(spec: str | os.PathLike) -> DeviceProfile:
                                f"{', '.join(builtin_profiles()) or 'none'} (or pass a .yaml path)")
     if not p.is_file():
         raise ProfileError(f"device profile {p} does not exist")
+    from edge_sdk.bundle.reading import _check_events
+
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ProfileError(f"{p}: not valid YAML ({e})") from e
+        text = p.read_text(encoding="utf-8")
+        # the manifest's event checks (issue 36): no aliases, no duplicate key, bounded nesting
+        _check_events(text, str(p))
+        data = yaml.load(text, Loader=SAFE_LOADER)
+    except BundleError as e:
+        raise ProfileError(str(e)) from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, OSError) as e:
+        # one line: PyYAML's messages span 2-4 (context, mark, problem, mark)
+        raise ProfileError(f"{p}: not valid YAML ({' '.join(str(e).split())[:300]})") from None
     return profile_from_dict(data, str(p))
 
 

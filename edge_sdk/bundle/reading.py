@@ -17,7 +17,7 @@ from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, STORE_SUFFIX, _file_name
 from edge_sdk.bundle.recovery import missing_bundle_message
 from edge_sdk.errors import BundleError, ChecksumMismatchError
-from edge_sdk.validation import MAX_DEPTH, got
+from edge_sdk.validation import MAX_DEPTH, got, show
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -62,12 +62,32 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def _check_events(text: str, where: str) -> None:
-    """BundleError at the first YAML anchor or alias, or nesting deeper than MAX_DEPTH.
+    """BundleError at the first YAML anchor or alias, a mapping key written twice, or nesting
+    deeper than MAX_DEPTH.
     Checked on the event stream (an alias is one event there), before anything is composed:
     expanding nested aliases (a "billion laughs" bomb) is what exhausts memory, and no manifest
     needs them; PyYAML's scanner is quadratic in flow nesting (1000 levels of [ take > 1 s),
-    so the stream is abandoned as soon as it gets too deep."""
+    so the stream is abandoned as soon as it gets too deep. A duplicate key (issue 36) is
+    refused too: PyYAML keeps the last one silently, so ``temperature`` written twice would
+    mean whichever a reviewer did not read."""
     depth = 0
+    # one frame per open collection: [keys seen, next node is a key] for a mapping, None for
+    # a sequence; a node completes at its scalar or at its collection's end
+    frames: list = []
+
+    def done(scalar: yaml.ScalarEvent | None) -> None:
+        frame = frames[-1] if frames else None
+        if frame is None:
+            return
+        if frame[1] and scalar is not None:
+            if scalar.value in frame[0]:
+                mark = scalar.start_mark
+                raise BundleError(f"{where}: duplicate key {show(scalar.value)} at line "
+                                  f"{mark.line + 1}, column {mark.column + 1}: a mapping may "
+                                  "hold each key once")
+            frame[0].add(scalar.value)
+        frame[1] = not frame[1]
+
     for event in yaml.parse(text, Loader=SAFE_LOADER):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
@@ -75,8 +95,13 @@ def _check_events(text: str, where: str) -> None:
                 mark = event.start_mark
                 raise BundleError(f"{where}: nested more than {MAX_DEPTH} levels deep (line "
                                   f"{mark.line + 1}, column {mark.column + 1})")
+            frames.append([set(), True] if isinstance(event, yaml.MappingStartEvent) else None)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
+            frames.pop()
+            done(None)
+        elif isinstance(event, yaml.ScalarEvent):
+            done(event)
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             mark = event.start_mark

@@ -280,7 +280,8 @@ def test_version_2_never_inflates_more_than_the_declared_length(monkeypatch):
 
     monkeypatch.setattr(zlib, "decompressobj", Spy)
     bomb = _v2(b"", stream=zlib.compress(b"\x00" * (64 << 20), 9), declared=1000)
-    with pytest.raises(BundleError, match="more than the 1000 bytes"):
+    # (issue 36) streamed: the inflated prefix's magic is checked as soon as it exists
+    with pytest.raises(BundleError, match="the inflated store: magic b'.{0,40}', expected"):
         decode_store(bomb)
     assert made == [(1001, 1001)]
 
@@ -335,3 +336,57 @@ def test_version_2_inner_errors_are_the_version_1_refusals():
         decode_store(_v2(bytes(v1)))
     with pytest.raises(BundleError, match="run past the end of the payload"):
         decode_store(_v2(encode_store(_store())[:-1]))
+
+
+def test_a_megabyte_declaring_a_gibibyte_is_refused_before_inflating(monkeypatch):
+    """(issue 36) a ratio far above any store's (they inflate under 2x) is refused before the
+    decompressor runs at all (it used to cost 7.6 s and 2.1 GB before the typed refusal)."""
+    calls = []
+    real = zlib.decompressobj
+    monkeypatch.setattr(zlib, "decompressobj", lambda: calls.append(1) or real())
+    stream = zlib.compress(b"\x00" * (64 << 20), 9)  # ~64 kB: a 1000x ratio, as a bomb's
+    with pytest.raises(BundleError, match=r"a ratio above the 32x accepted"):
+        decode_store(_v2(b"", stream=stream, declared=64 << 20))
+    assert calls == []
+
+
+def test_garbage_inside_a_plausible_stream_is_refused_after_one_chunk(monkeypatch):
+    """A declared length within the ratio cap whose inflated bytes are not a store: refused at
+    the first megabyte (the inner magic), never inflated to the end."""
+    import edge_sdk.store.container as container
+
+    made = []
+    real = zlib.decompressobj
+
+    class Spy:
+        def __init__(self):
+            self._d = real()
+
+        def decompress(self, data, max_length=0):
+            out = self._d.decompress(data, max_length)
+            made.append(len(out))
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self._d, name)
+
+    monkeypatch.setattr(zlib, "decompressobj", Spy)
+    raw = np.random.default_rng(0).integers(0, 4, 8 << 20, dtype=np.uint8).tobytes()
+    stream = zlib.compress(raw, 1)
+    with pytest.raises(BundleError, match="the inflated store: magic"):
+        decode_store(_v2(b"", stream=stream, declared=len(raw)))
+    assert made == [container._CHUNK]
+
+
+def test_a_deeply_nested_header_is_a_typed_error():
+    """(issue 36) json's RecursionError on a header nested 200,000 deep is a BundleError."""
+    header = b"[" * 200_000 + b"]" * 200_000
+    data = container_prefix(len(header)) + header
+    with pytest.raises(BundleError, match="nested too deeply"):
+        decode_store(data)
+
+
+def container_prefix(hlen: int) -> bytes:
+    from edge_sdk.store.container import _PREFIX, FORMAT_VERSION, MAGIC
+
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, hlen)
