@@ -60,6 +60,9 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("--explain", action="store_true",
                    help="print the decision table (why this configuration) before answering")
     p.add_argument("--json", action="store_true", help="one JSON object per prediction")
+    p.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_PEM",
+                   help="load only a bundle signed by this Ed25519 public key (repeatable; "
+                        "docs/signing.md)")
     args = p.parse_args(argv)
     import edge_sdk
 
@@ -67,7 +70,7 @@ def run_main(argv: list[str]) -> int:
     profile = None if args.profile.lower() == "none" else args.profile
     model = edge_sdk.load(args.bundle, profile=profile, threads=args.threads,
                           policy=args.policy, target_accuracy=args.target_accuracy,
-                          strict=args.strict)
+                          strict=args.strict, trusted_keys=args.trusted_key)
     x = _read_input(args.input, model.input_spec, args.resize)
     batch = _is_batch(x, model.input_spec)
     if args.explain:
@@ -177,12 +180,19 @@ def materialize_main(argv: list[str]) -> int:
     p.add_argument("bundle", help="a store bundle (manifest layout: store)")
     p.add_argument("--out", required=True, help="the files bundle directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
+    p.add_argument("--key", default=None,
+                   help="sign the written bundle with this Ed25519 private key (required when "
+                        "the store bundle is signed: its signature cannot cover the new "
+                        "manifest; docs/signing.md)")
+    p.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_PEM",
+                   help="materialise only a store bundle signed by this public key")
     args = p.parse_args(argv)
     from edge_sdk.bundle import read_manifest
     from edge_sdk.bundle.materialized import materialize_bundle
 
     t0 = time.perf_counter()
-    out, ms = materialize_bundle(args.bundle, args.out, force=args.force)
+    out, ms = materialize_bundle(args.bundle, args.out, force=args.force, key=args.key,
+                                 trusted_keys=args.trusted_key)
     m = read_manifest(out)  # verify=True: every written file's size and sha256 once more
     total = sum(e.bytes for e in m.file_entries())
     print(f"wrote {out}: {len(ms)} files, {total / 2 ** 20:.2f} MiB, materialised in "

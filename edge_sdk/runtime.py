@@ -73,10 +73,17 @@ class EdgeModel(Executor):
                  memory_reader: Callable[[], float] | None = None,
                  memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  backend: str | None = None, hysteresis: float = 0.1,
-                 half_life_s: float = 10.0, half_life_calls: int = 200):
+                 half_life_s: float = 10.0, half_life_calls: int = 200,
+                 trusted_keys=None):
         _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
         self.bundle_dir = Path(bundle_dir)
-        self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
+        if trusted_keys is None:
+            self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
+        else:  # (issue 36) the manifest's bytes verified against the keys before parsing
+            from edge_sdk.signing import read_trusted_manifest
+
+            self.manifest = read_trusted_manifest(self.bundle_dir, trusted_keys)
+        self.signed = trusted_keys is not None
         # interpreters are built from these verified bytes only (a file swapped after load()
         # never runs). A files bundle: every slice read once here, sha256-verified and
         # shape-checked on those bytes. A store bundle: store.bin read once here and verified;
@@ -444,7 +451,9 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
     Keyword arguments: ``policy`` ("best" or "cascade"), ``target_accuracy``, ``strict`` (raise
     :class:`BudgetNotMetError` instead of answering outside the budget), ``memory_cap_mb``
     (resident interpreters per thread, and a store bundle's materialised slice bytes, least
-    recently used evicted first; also a memory limit of every decision), and the
+    recently used evicted first; also a memory limit of every decision), ``trusted_keys``
+    (Ed25519 public keys, PEM paths or bytes: only a bundle whose manifest one of them signed
+    loads, with nothing unlisted in it; docs/signing.md), and the
     policy's tunables ``hysteresis`` (headroom a better configuration needs to replace the
     incumbent, default 0.1), ``half_life_s`` / ``half_life_calls`` (how fast a measurement
     ages toward the prior, default 10 s / 200 decisions).

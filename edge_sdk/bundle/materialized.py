@@ -336,21 +336,38 @@ def files_manifest(manifest: Manifest) -> Manifest:
     return Manifest.from_dict(data)
 
 
-def materialize_bundle(bundle_dir: PathLike, out_dir: PathLike, *, force: bool = False
+def materialize_bundle(bundle_dir: PathLike, out_dir: PathLike, *, force: bool = False,
+                       key: Any = None, trusted_keys: Any = None
                        ) -> tuple[Path, dict[str, float]]:
     """Write the ``files`` bundle of store bundle ``bundle_dir`` at ``out_dir`` (``edge-sdk
     materialize``): every file materialised once from the verified store and verified (sha256
     == the store manifest's, tensors), then written atomically (:func:`write_bundle`, which
-    checks every sha256 again). Returns (the bundle path, ms per file)."""
+    checks every sha256 again). Returns (the bundle path, ms per file).
+
+    Signed bundles (issue 36): ``trusted_keys`` verifies the store bundle's signature first;
+    ``key`` signs the written bundle inside the same atomic write. A signed store bundle is
+    never materialised unsigned: its signature covers the store manifest, not the new one,
+    so without ``key`` it is refused (SignatureError) before anything is written."""
     from edge_sdk.bundle.reading import read_manifest
     from edge_sdk.bundle.writing import write_bundle
+    from edge_sdk.errors import SignatureError
+    from edge_sdk.signing import SIGNATURE_NAME, read_trusted_manifest, signer
 
-    manifest = read_manifest(bundle_dir, verify=False)
+    if trusted_keys is not None:
+        manifest = read_trusted_manifest(bundle_dir, trusted_keys)
+    else:
+        manifest = read_manifest(bundle_dir, verify=False)
+    signed = (Path(bundle_dir) / SIGNATURE_NAME).exists()
+    if signed and key is None:
+        raise SignatureError(f"{bundle_dir} is signed and its signature cannot cover the "
+                             "materialised bundle's new manifest: pass --key (key=) to sign the "
+                             "new bundle, or nothing is written")
+    sign = None if key is None else signer(key)  # a bad key fails before any work
     if layout_of(manifest) != "store":
         raise BundleError(f"{bundle_dir}: already a files bundle (layout "
                           f"{layout_of(manifest)!r}, schema version {manifest.schema_version}): "
                           f"its .tflite files are in the directory, nothing to materialise")
     source = StoreSlices.read(bundle_dir, manifest, cap_bytes=0)
     files = {name: source.build(name) for name in source.names()}  # build: nothing cached
-    out = write_bundle(out_dir, files_manifest(manifest), files, force=force)
+    out = write_bundle(out_dir, files_manifest(manifest), files, force=force, sign=sign)
     return out, dict(source.materialize_ms)

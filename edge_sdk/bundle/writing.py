@@ -157,8 +157,13 @@ def write_bundle(
     *,
     force: bool = False,
     lock: ExportLock | None = None,
+    sign: Callable[[bytes], bytes] | None = None,
 ) -> Path:
     """Write ``manifest`` and ``files`` (name -> bytes) as the bundle directory ``bundle_dir``.
+
+    ``sign`` (issue 36): manifest bytes -> the signature file's bytes
+    (:func:`edge_sdk.signing.signer`); the signature is written inside the same atomic write,
+    so a signed bundle never exists unsigned, even for a moment.
 
     ``files`` must hold exactly the files the manifest lists (layout store: only the weight
     store, ``manifest.store``), with matching sha256 and size (make entries with
@@ -174,6 +179,10 @@ def write_bundle(
     """
     text = manifest_to_yaml(manifest)
     blobs = _checked_files(manifest, files)
+    if sign is not None:
+        from edge_sdk.signing import SIGNATURE_NAME
+
+        blobs = {**blobs, SIGNATURE_NAME: sign(text.encode("utf-8"))}
     target = Path(os.path.abspath(os.fspath(bundle_dir)))
     if target.name in ("", ".", ".."):
         raise BundleError(f"bundle_dir must name a directory, got {os.fspath(bundle_dir)!r}")
