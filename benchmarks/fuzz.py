@@ -57,6 +57,8 @@ def measure_refusal(directory: Path) -> tuple[float, float, str]:
         os.close(r)
         try:
             import edge_sdk
+            import edge_sdk.runtime  # noqa: F401 - imports are not part of the refusal
+            import edge_sdk.store  # noqa: F401
             from edge_sdk.errors import EdgeSdkError
 
             with open("/proc/self/clear_refs", "w") as f:
