@@ -86,6 +86,7 @@ def test_a_shape_signature_freeing_another_dimension_is_refused(bundle, tmp_path
     (dst / c["files"][0]["name"]).write_bytes(bytes(blob))
     c["files"][0] = file_entry(c["files"][0]["name"], bytes(blob)).to_dict()
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
-    with pytest.raises(BundleError, match=r"input shape signature \[-1, -1, .*only dimension 0 "
-                                          r"\(the batch\) may be -1"):
+    # (issue 36) the graph reader refuses it first, naming the tensor
+    with pytest.raises(BundleError, match=r"tensor 'input': shape signature \[-1, -1, .*-1 in "
+                                          r"dimension 0 alone"):
         edge_sdk.load(dst, profile=None)
