@@ -100,10 +100,12 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("bundle")
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_PEM",
+                   help="load only a bundle signed by this Ed25519 public key (repeatable)")
     args = p.parse_args(argv)
     import edge_sdk
 
-    model = edge_sdk.load(args.bundle, threads=args.threads)
+    model = edge_sdk.load(args.bundle, threads=args.threads, trusted_keys=args.trusted_key)
     spec = model.input_spec
     lo, hi = spec.value_range
     x = np.random.default_rng(0).uniform(lo, hi, spec.shape[1:]).astype(np.float32)

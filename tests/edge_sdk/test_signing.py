@@ -235,6 +235,7 @@ def test_the_cli_keygen_sign_and_run_with_trusted_key(bundle, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     run = ["run", str(b), "--input", str(tmp_path / "x.npy"), "--profile", "none"]
     assert cli.main(run + ["--trusted-key", str(key) + ".pub"]) == 0
+    assert cli.main(["bench", str(b), "--repeats", "2", "--trusted-key", str(key) + ".pub"]) == 0
     capsys.readouterr()
     (b / MANIFEST_NAME).write_text((b / MANIFEST_NAME).read_text() + "# edited\n")
     assert cli.main(run + ["--trusted-key", str(key) + ".pub"]) == 2
