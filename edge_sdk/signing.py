@@ -89,8 +89,8 @@ def _key_bytes(key: KeyLike, what: str) -> tuple[bytes, str]:
                               f"{type(key).__name__}")
     p = Path(key)
     if not p.is_file():
-        raise SigningKeyError(f"{what} {p} {'is not a regular file' if p.exists() else 'does not exist'}"
-                              "; expected an Ed25519 PEM key file")
+        state = "is not a regular file" if p.exists() else "does not exist"
+        raise SigningKeyError(f"{what} {p} {state}; expected an Ed25519 PEM key file")
     try:
         with open(p, "rb") as f:
             data = f.read(_MAX_KEY_BYTES + 1)

@@ -23,18 +23,18 @@ trust a flatbuffer's tensor shapes, buffer sizes and operator indices; a malform
   reshape / pad / mean operands) are the ones the writer emits for that op;
 - the signature (when present) maps exactly the subgraph's inputs and outputs.
 
-numpy + stdlib only (no flatbuffers package needed to read). Field numbers: TFLite's
+numpy + stdlib only (no flatbuffers package needed to read: the bounds-checked access is
+:mod:`edge_sdk.flatbuffer_view`). Field numbers: TFLite's
 ``schema.fbs``, as listed in :mod:`edge_sdk.tflite_writer`.
 """
 from __future__ import annotations
 
 import math
-import struct
-from dataclasses import dataclass
 
 import numpy as np
 
 from edge_sdk.errors import ConfigError, SliceError
+from edge_sdk.flatbuffer_view import Flat, Table
 from edge_sdk.graph import Graph, Op, Quantization, Tensor
 from edge_sdk.tflite_writer import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
@@ -51,7 +51,6 @@ MAX_ELEMENTS = 2 ** 26
 _MAX_TENSORS = 20_000
 _MAX_OPS = 10_000
 _MAX_RANK = 8
-_MAX_NAME = 4096
 _MAX_VERSION = 12  # the highest op version the writer's ops have in TFLite's versioning
 
 # table -> the fields the writer sets (any other present field is refused)
@@ -79,107 +78,13 @@ _OPTION_FIELDS = {
 _OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "MEAN": "axes"}
 
 
-class _Flat:
-    """Bounds-checked flatbuffer reads over ``data``: every position is checked against the
-    file before it is read (struct would happily read from the end for a negative one)."""
-
-    def __init__(self, data: bytes, what: str):
-        self.data, self.what, self.size = data, what, len(data)
-
-    def bad(self, message: str) -> SliceError:
-        return SliceError(f"{self.what}: {message}")
-
-    def _at(self, fmt: str, pos: int):
-        n = struct.calcsize(fmt)
-        if pos < 0 or pos + n > self.size:
-            raise self.bad(f"not a valid TFLite flatbuffer (a {n}-byte read at offset {pos} "
-                           f"lies outside the {self.size}-byte file)")
-        return struct.unpack_from(fmt, self.data, pos)[0]
-
-    def table(self, pos: int, kind: str) -> "_Table":
-        vtable = pos - self._at("<i", pos)
-        vsize, tsize = self._at("<H", vtable), self._at("<H", vtable + 2)
-        if vsize < 4 or vsize % 2 or vtable + vsize > self.size or pos + tsize > self.size:
-            raise self.bad(f"not a valid TFLite flatbuffer ({kind} at offset {pos} has a "
-                           f"malformed vtable)")
-        fields = {}
-        for i in range((vsize - 4) // 2):
-            off = self._at("<H", vtable + 4 + 2 * i)
-            if off:
-                if off < 4 or off >= max(tsize, 4):
-                    raise self.bad(f"not a valid TFLite flatbuffer ({kind} field {i} at offset "
-                                   f"{off} lies outside its {tsize}-byte table)")
-                fields[i] = pos + off
-        allowed = _FIELDS.get(kind)
-        if allowed is not None and set(fields) - allowed:
-            extra = sorted(set(fields) - allowed)
-            raise self.bad(f"{kind} sets field(s) {extra}, which edge-sdk's writer never writes "
-                           f"(it sets {sorted(allowed)}): refused, since an interpreter would "
-                           "act on them")
-        return _Table(self, pos, kind, fields)
-
-    def vector(self, pos: int, item: int, what: str, limit: int) -> tuple[int, int]:
-        """(first element's position, count) of the vector at ``pos``."""
-        n = self._at("<I", pos)
-        if n > limit or pos + 4 + n * item > self.size:
-            raise self.bad(f"{what}: a vector of {n} items at offset {pos} (at most {limit}, "
-                           f"inside the {self.size}-byte file)")
-        return pos + 4, n
-
-
-@dataclass
-class _Table:
-    flat: _Flat
-    pos: int
-    kind: str
-    fields: dict[int, int]
-
-    def scalar(self, slot: int, fmt: str, default):
-        pos = self.fields.get(slot)
-        return default if pos is None else self.flat._at(fmt, pos)
-
-    def ref(self, slot: int) -> int | None:
-        pos = self.fields.get(slot)
-        return None if pos is None else pos + self.flat._at("<I", pos)
-
-    def sub(self, slot: int, kind: str) -> "_Table | None":
-        pos = self.ref(slot)
-        return None if pos is None else self.flat.table(pos, kind)
-
-    def tables(self, slot: int, kind: str, limit: int) -> list["_Table"]:
-        pos = self.ref(slot)
-        if pos is None:
-            return []
-        start, n = self.flat.vector(pos, 4, f"{self.kind}.{kind}s", limit)
-        return [self.flat.table(start + 4 * i + self.flat._at("<I", start + 4 * i), kind)
-                for i in range(n)]
-
-    def array(self, slot: int, dtype: str, limit: int) -> np.ndarray | None:
-        pos = self.ref(slot)
-        if pos is None:
-            return None
-        dt = np.dtype(dtype).newbyteorder("<")
-        start, n = self.flat.vector(pos, dt.itemsize, f"{self.kind} field {slot}", limit)
-        return np.frombuffer(self.flat.data, dt, n, start).astype(dt.newbyteorder("="))
-
-    def string(self, slot: int) -> str | None:
-        pos = self.ref(slot)
-        if pos is None:
-            return None
-        start, n = self.flat.vector(pos, 1, f"{self.kind} string", _MAX_NAME)
-        try:
-            return self.flat.data[start:start + n].decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.flat.bad(f"{self.kind}: a name that is not UTF-8") from None
-
-
-def _enum(value: int, table: dict, what: str, flat: _Flat):
+def _enum(value: int, table: dict, what: str, flat: Flat):
     if value not in table:
         raise flat.bad(f"{what} {value} is not one of {sorted(table)}")
     return table[value]
 
 
-def _options(op: str, t: _Table | None, flat: _Flat, where: str) -> dict:
+def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
     """The description's options of ``op`` from its options table (operands come later)."""
     kind, allowed = _OPTION_FIELDS.get(op, (None, set()))
     if kind is None:
@@ -233,7 +138,7 @@ def _options(op: str, t: _Table | None, flat: _Flat, where: str) -> dict:
 
 
 def _constant(buf: np.ndarray, shape: tuple[int, ...], dtype: str, name: str,
-              flat: _Flat) -> np.ndarray:
+              flat: Flat) -> np.ndarray:
     dt = np.dtype(dtype).newbyteorder("<")
     count = int(np.prod(shape, dtype=np.int64))
     if buf.size != count * dt.itemsize:
@@ -249,7 +154,7 @@ def read_graph(data: bytes, what: str = "model") -> tuple[Graph, dict[str, np.nd
     """``(graph, weights)`` a ``.tflite`` file describes, checked (:meth:`Graph.validate`),
     or a :class:`SliceError` naming ``what`` and the first problem."""
     try:
-        return _read(_Flat(bytes(data), what))
+        return _read(Flat(bytes(data), what, _FIELDS))
     except SliceError:
         raise
     except ConfigError as exc:  # Graph.validate / infer_shape: a graph that is not sound
@@ -260,7 +165,7 @@ def read_graph(data: bytes, what: str = "model") -> tuple[Graph, dict[str, np.nd
                          f"{str(exc)[:200]})") from None
 
 
-def _read(flat: _Flat) -> tuple[Graph, dict[str, np.ndarray]]:
+def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
     if flat.size < 8 or flat.data[4:8] != b"TFL3":
         raise flat.bad(f"not a TFLite model (file identifier {flat.data[4:8]!r}, expected "
                        "b'TFL3')")
@@ -365,7 +270,7 @@ def _read(flat: _Flat) -> tuple[Graph, dict[str, np.ndarray]]:
     return graph, weights
 
 
-def _quant(q: _Table | None, shape: tuple[int, ...], name: str, flat: _Flat):
+def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat):
     if q is None:
         return None
     scale, zero = q.array(2, "<f4", 1 << 16), q.array(3, "<i8", 1 << 16)
@@ -384,7 +289,7 @@ def _quant(q: _Table | None, shape: tuple[int, ...], name: str, flat: _Flat):
 
 
 def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
-             operand_of: dict, flat: _Flat, where: str) -> list:
+             operand_of: dict, flat: Flat, where: str) -> list:
     """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
     it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
     if len(ins) != 2 or ins[1] is None or ins[1] not in weights:
@@ -411,7 +316,7 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
     return ins[:1]
 
 
-def _batch_dim(tensors: list, io: dict, flat: _Flat) -> int | None:
+def _batch_dim(tensors: list, io: dict, flat: Flat) -> int | None:
     """0 when every graph input and output's shape signature marks dimension 0 as -1 (and
     nothing else), None when none has one; any other signature is refused."""
     ends = set(io["inputs"]) | set(io["outputs"])
@@ -432,7 +337,7 @@ def _batch_dim(tensors: list, io: dict, flat: _Flat) -> int | None:
     return 0
 
 
-def _signature(model: _Table, io: dict, names: list, flat: _Flat) -> str:
+def _signature(model: Table, io: dict, names: list, flat: Flat) -> str:
     sigs = model.tables(7, "SignatureDef", 2)
     if not sigs:
         return "serving_default"

@@ -360,9 +360,10 @@ class InputSpec(_Record):
         )
         for i, (m, s) in enumerate(zip(mean, std)):
             # the normalised input (raw - mean) / std must be a float32 too, at both ends
-            if max(abs(lo - m), abs(hi - m)) / s > FLOAT32_MAX:
+            reach = max(abs(lo - m), abs(hi - m))
+            if reach / s > FLOAT32_MAX:
                 fail(f"{p}[{i}]", f"(value_range - mean) / std overflows float32 with std "
-                                  f"{s!r}: expected std >= {max(abs(lo - m), abs(hi - m)) / FLOAT32_MAX:.4g}")
+                                  f"{s!r}: expected std >= {reach / FLOAT32_MAX:.4g}")
         classes = v["classes"]
         if classes is not None:
             p = join(path, "classes")

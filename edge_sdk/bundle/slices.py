@@ -4,10 +4,11 @@ Only verified bytes ever run. :func:`read_slices` reads every file of a bundle *
 its size and sha256 on those very bytes (:func:`verify_bytes`) and that it is a TFLite model
 whose input and output tensors are the ones the manifest promises (:func:`check_slice`, which
 parses the whole graph back first: :mod:`edge_sdk.tflite_reader`); the runtime then builds
-interpreters from these bytes (``model_content=``), never from the path again, so a file swapped after ``load()`` (or re-read after LRU eviction, or in a new thread)
-cannot run. Anything that builds an interpreter from bytes made elsewhere (e.g. slices
-materialised in memory, :mod:`edge_sdk.bundle.materialized`) calls :func:`verify_bytes` and
-:func:`check_slice` on them the same way.
+interpreters from these bytes (``model_content=``), never from the path again, so a file
+swapped after ``load()`` (or re-read after LRU eviction, or in a new thread) cannot run.
+Anything that builds an interpreter from bytes made elsewhere (e.g. slices materialised in
+memory, :mod:`edge_sdk.bundle.materialized`) calls :func:`verify_bytes` and :func:`check_slice`
+on them the same way.
 
 stdlib + numpy (the ``.tflite`` readers: :mod:`edge_sdk.backends.tflite_model`,
 :mod:`edge_sdk.tflite_reader`).

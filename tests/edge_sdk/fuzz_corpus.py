@@ -17,52 +17,41 @@ that found the crashes (issue 36 "Why"), each with a minimum count:
 - ``store``: a store header nested 200,000 deep, zlib bombs, truncated and trailed streams;
 - ``api``: bad arguments and inputs (huge numbers, NaN inputs, wrong shapes, ``.npy`` bombs).
 
-A child process runs each case (``os.fork`` of a server that imported everything once) and
-reports one outcome: ``refused`` (an EdgeSdkError subclass), ``answered`` (finite
-probabilities summing to 1, the label their argmax), ``nan`` (an answer with NaN or inf),
-``raw`` (any other exception) or ``crash`` (killed by a signal, or no answer within the
-time limit). The promise: 0 crash, 0 raw, 0 nan.
+Each case runs in a forked child (tests/edge_sdk/fuzz_server.py) and ends as ``refused``,
+``answered``, ``nan``, ``raw`` or ``crash``; the promise: 0 crash, 0 raw, 0 nan. This module
+builds the slice classes and the whole corpus; tests/edge_sdk/fuzz_inputs.py the others.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import io
-import math
-import os
-import pickle
 import random
-import select
-import shutil
-import signal
 import struct
-import time
-import traceback
-import zlib
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-import yaml
 
-from edge_sdk.bundle import MANIFEST_NAME, read_manifest
-from edge_sdk.tflite_reader import _Flat
+from edge_sdk.bundle import read_manifest
+from edge_sdk.flatbuffer_view import Flat
+from fuzz_inputs import api_cases, manifest_cases, store_cases
+from fuzz_server import (  # noqa: F401 - the corpus's one import for tests and benchmarks
+    OUTCOMES,
+    TIME_LIMIT_S,
+    Case,
+    Result,
+    _manifest_text,
+    _with_slice,
+    _x,
+    classify,
+    format_table,
+    load_and_predict,
+    run_case,
+    run_corpus,
+    table,
+    write_case,
+)
 
-OUTCOMES = ("refused", "answered", "crash", "raw", "nan")
 MINIMUMS = {"byte-fuzz": 400, "shape-patch": 150, "alloc": 33, "audit": 2, "manifest": 12,
             "store": 6, "api": 12}
-TIME_LIMIT_S = 30.0  # a hang guard per case, not a timing assertion
-
-
-@dataclass
-class Case:
-    cls: str
-    name: str
-    # (work directory) -> what the child runs: a callable returning the outcome details
-    run: Callable[[Path], object]
-    files: dict[str, bytes] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------- the base bundle
@@ -77,27 +66,6 @@ def base_bundle(bundle: Path) -> tuple[dict, bytes, str]:
     data["configurations"] = [keep]
     name = point.files[0].name
     return data, (bundle / name).read_bytes(), name
-
-
-def _manifest_text(data: dict) -> bytes:
-    return yaml.safe_dump(data, sort_keys=False).encode()
-
-
-def _with_slice(data: dict, name: str, blob: bytes) -> dict[str, bytes]:
-    """The bundle's files with ``blob`` as the slice, its sha256 and size in the manifest."""
-    d = pickle.loads(pickle.dumps(data))
-    f = d["configurations"][0]["files"][0]
-    f["sha256"], f["bytes"] = hashlib.sha256(blob).hexdigest(), len(blob)
-    return {MANIFEST_NAME: _manifest_text(d), name: blob}
-
-
-def write_case(files: dict[str, bytes], directory: Path) -> Path:
-    if directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
-    for n, b in files.items():
-        (directory / n).write_bytes(b)
-    return directory
 
 
 # ------------------------------------------------------------------------ slice anatomy
@@ -122,7 +90,7 @@ def anatomy(blob: bytes) -> Anatomy:
 
     code_name = {v: k for k, v in BUILTIN_CODES.items()}
     type_name = {v: k for k, v in TENSOR_TYPES.items()}
-    f = _Flat(blob, "anatomy")
+    f = Flat(blob, "anatomy")
     model = f.table(f._at("<I", 0), "Model")
     codes = [code_name[oc.scalar(3, "<i", 0)] for oc in model.tables(1, "OperatorCode", 256)]
     buffers = []
@@ -174,36 +142,7 @@ def _put_u32(blob: bytes, pos: int, value: int) -> bytes:
     return bytes(b)
 
 
-# ----------------------------------------------------------------------- what a child runs
-def _x(manifest: dict, seed: int = 0) -> np.ndarray:
-    spec = manifest["input"]
-    lo, hi = spec["value_range"]
-    shape = spec["shape"][1:]
-    return np.random.default_rng(seed).uniform(lo, hi, shape).astype(np.float32)
-
-
-def load_and_predict(directory: Path, x: np.ndarray, **load_kwargs) -> list:
-    """What an app does: load, then one predict and one batch of two."""
-    import edge_sdk
-
-    model = edge_sdk.load(directory, profile=None, **load_kwargs)
-    answers = [model.predict(x)]
-    answers += model.predict_batch(np.stack([x, x[::-1].copy()]))
-    return answers
-
-
-def classify(answers: list, classes: int) -> str:
-    for p in answers:
-        probs = np.asarray(p.probs, np.float64)
-        if not (np.isfinite(probs).all() and math.isfinite(p.confidence)
-                and math.isfinite(p.entropy) and math.isfinite(p.mutual_info)):
-            return "nan"
-        if (len(probs) != classes or abs(probs.sum() - 1) > 1e-4 or (probs < 0).any()
-                or p.label != int(probs.argmax()) or p.confidence != probs[p.label]):
-            return "nan"  # a malformed answer counts with the NaN ones: never silent
-    return "answered"
-
-
+# ------------------------------------------------------------------------------ the classes
 def _slice_case(cls: str, name: str, data: dict, slice_name: str, blob: bytes) -> Case:
     x = _x(data)
     classes = len(data["labels"])
@@ -298,152 +237,6 @@ def audit_cases(data: dict, name: str, blob: bytes) -> list[Case]:
     return out
 
 
-def manifest_cases(data: dict, name: str, blob: bytes) -> list[Case]:
-    x = _x(data)
-    classes = len(data["labels"])
-    base = _manifest_text(data).decode()
-    cfg = data["configurations"][0]
-    out = []
-
-    def add(label: str, text: str | bytes) -> None:
-        files = {MANIFEST_NAME: text.encode() if isinstance(text, str) else text, name: blob}
-        out.append(Case("manifest", label, lambda d: classify(load_and_predict(d, x), classes),
-                        files))
-
-    def with_value(path: tuple, value: object) -> str:
-        d = pickle.loads(pickle.dumps(data))
-        node = d
-        for k in path[:-1]:
-            node = node[k]
-        node[path[-1]] = value
-        return _manifest_text(d).decode()
-
-    add("flow nesting 100,000 deep", "a: " + "[" * 100_000 + "]" * 100_000 + "\n" + base)
-    add("block nesting 300 deep", "".join(" " * i + "k:\n" for i in range(300)) + base)
-    bomb = "\n".join([f"_a0: &a0 [{', '.join(['lol'] * 9)}]"] +
-                     [f"_a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)])
-    add("alias bomb", bomb + "\n" + base.replace("labels:", "labels: *a8\nx_labels:", 1))
-    for path, value in ((("input", "std"), [1e-45]), (("input", "std"), [1e39]),
-                        (("input", "mean"), [1e39]), (("input", "value_range"), [0.0, 1e300]),
-                        (("configurations", 0, "temperature"), 5e-324),
-                        (("configurations", 0, "temperature"), 1e39),
-                        (("configurations", 0, "macs"), 10 ** 400),
-                        (("configurations", 0, "width"), float("nan"))):
-        add(f"{'.'.join(map(str, path))} = {value!r:.40}", with_value(path, value))
-    add("duplicate key temperature", base.replace(
-        "  temperature: ", f"  temperature: 1.0\n  temperature: ", 1))
-    add("duplicate top-level key", base + f"labels: {list(reversed(data['labels']))}\n")
-    add("a python tag", base.replace("labels:", "labels: !!python/object/apply:os.system "
-                                                "['true']\nx:", 1))
-    add("not UTF-8", base.encode() + b"\xff\xfe")
-    add("int of 5,000 digits", base.replace("  macs: ", "  macs: " + "9" * 5000 + " #", 1))
-    del cfg
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def _gib_of_zeros() -> bytes:
-    """One zlib stream of 1 GiB of zeros: ~1 MB (made once per process)."""
-    z = zlib.compressobj(9)
-    return b"".join(z.compress(bytes(1 << 20)) for _ in range(1024)) + z.flush()
-
-
-def store_cases(data: dict, name: str, blob: bytes) -> list[Case]:
-    from edge_sdk.bundle import Manifest, manifest_to_yaml
-    from edge_sdk.store.container import _PREFIX, FORMAT_VERSION, MAGIC
-
-    x = _x(data)
-    classes = len(data["labels"])
-
-    def store_bundle(store: bytes) -> dict[str, bytes]:
-        d = pickle.loads(pickle.dumps(data))
-        c = d["configurations"][0]
-        c["materialize"] = [{"width": f"{c['width']:.2f}", "sample": None, "heads": 0}]
-        d.update(schema_version=3, layout="store",
-                 store={"name": "store.bin", "sha256": hashlib.sha256(store).hexdigest(),
-                        "bytes": len(store)},
-                 graphs={f"{c['width']:.2f}": {"tensors": [], "ops": [], "inputs": [],
-                                               "outputs": []}})
-        text = manifest_to_yaml(Manifest.from_dict(d))
-        return {MANIFEST_NAME: text.encode(), "store.bin": store}
-
-    v2 = lambda inner, stream: _PREFIX.pack(MAGIC, 2, inner) + stream  # noqa: E731
-    noise = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
-    header = b"[" * 200_000 + b"]" * 200_000
-    gib = 1 << 30
-    stream = _gib_of_zeros()
-    cases = {
-        "header nested 200,000 deep": _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header,
-        "1 MB stream declaring 1 GiB (zlib bomb)": v2(gib, stream),
-        "stream declaring 2 GiB": v2(2 * gib, stream),
-        "plausible ratio, garbage inside": v2(8 << 20, zlib.compress(
-            np.random.default_rng(0).integers(0, 4, 8 << 20, dtype=np.uint8).tobytes(), 1)),
-        "truncated stream": v2(len(noise), zlib.compress(noise)[:-10]),
-        "trailing bytes": v2(16, zlib.compress(b"x" * 16) + b"tail"),
-        "wrong magic": b"NOTSTORE" + b"\0" * 64,
-    }
-    return [Case("store", label, lambda d: classify(load_and_predict(d, x), classes),
-                 store_bundle(s)) for label, s in cases.items()]
-
-
-def api_cases(data: dict, name: str, blob: bytes) -> list[Case]:
-    files = _with_slice(data, name, blob)
-    x = _x(data)
-    classes = len(data["labels"])
-    shape = tuple(data["input"]["shape"][1:])
-
-    def load_kw(**kw):
-        return lambda d: classify(load_and_predict(d, x, **kw), classes)
-
-    def predict(value):
-        return lambda d: classify(load_and_predict(d, value), classes)
-
-    def budget(**kw):
-        def run(d):
-            import edge_sdk
-
-            edge_sdk.Budget(**kw)
-            return "answered"
-        return run
-
-    def npy(raw: bytes):
-        def run(d):
-            from edge_sdk.bundle import read_manifest as rm
-            from edge_sdk.input_files import read_input
-
-            (d / "x.npy").write_bytes(raw)
-            return classify(load_and_predict(d, read_input(str(d / "x.npy"),
-                                                           rm(d).input)), classes)
-        return run
-
-    hdr = io.BytesIO()
-    np.lib.format.write_array_header_1_0(hdr, {"descr": "<f8", "fortran_order": False,
-                                                "shape": (10 ** 12,)})
-    good = io.BytesIO()
-    np.save(good, x)
-    cases = {
-        "load(memory_cap_mb=10**400)": load_kw(memory_cap_mb=10 ** 400),
-        "load(memory_cap_mb=nan)": load_kw(memory_cap_mb=math.nan),
-        "load(threads=10**400)": load_kw(threads=10 ** 400),
-        "load(hysteresis=10**400)": load_kw(hysteresis=10 ** 400),
-        "load(half_life_s=inf)": load_kw(half_life_s=float("inf")),
-        "load(target_accuracy=0.123)": load_kw(target_accuracy=0.123),
-        "Budget(latency_ms=10**400)": budget(latency_ms=10 ** 400),
-        "Budget(memory_mb=-1)": budget(memory_mb=-1),
-        "predict(NaN input)": predict(np.full(shape, np.nan, np.float32)),
-        "predict(inf input)": predict(np.full(shape, np.inf, np.float32)),
-        "predict(1e30 input)": predict(np.full(shape, 1e30, np.float32)),
-        "predict(wrong shape)": predict(np.zeros((3, 3), np.float32)),
-        "predict(object array)": predict(np.array([object()] * 4, dtype=object)),
-        "predict(string)": predict("not an array"),
-        ".npy declaring 10**12 elements": npy(hdr.getvalue() + b"\0" * 8),
-        ".npy of garbage": npy(b"\x93NUMPY\x01\x00" + b"\xff" * 40),
-        ".npy truncated": npy(good.getvalue()[:-7]),
-        ".npy valid (control)": npy(good.getvalue()),
-    }
-    return [Case("api", label, run, files) for label, run in cases.items()]
-
-
 def corpus(bundle: Path, byte_cases: int = 400, shape_limit: int | None = None,
            seed: int = 36) -> list[Case]:
     data, blob, name = base_bundle(bundle)
@@ -451,104 +244,3 @@ def corpus(bundle: Path, byte_cases: int = 400, shape_limit: int | None = None,
             + shape_patches(data, name, blob, shape_limit) + alloc_cases(data, name, blob)
             + audit_cases(data, name, blob) + manifest_cases(data, name, blob)
             + store_cases(data, name, blob) + api_cases(data, name, blob))
-
-
-# ----------------------------------------------------------------------------- the server
-@dataclass
-class Result:
-    case: Case
-    outcome: str
-    detail: str
-
-
-def _child(case: Case, directory: Path, w: int) -> None:
-    """In the forked child: run the case, write one pickled (outcome, detail), exit."""
-    from edge_sdk.errors import EdgeSdkError
-
-    try:
-        outcome = case.run(directory)
-        detail = ""
-    except EdgeSdkError as exc:
-        outcome, detail = "refused", f"{type(exc).__name__}: {str(exc)[:300]}"
-    except BaseException as exc:  # noqa: BLE001 - what the corpus exists to find
-        outcome = "raw"
-        detail = f"{type(exc).__name__}: {str(exc)[:200]} | " + \
-            " ".join(traceback.format_exc().splitlines()[-4:])[:400]
-    os.write(w, pickle.dumps((outcome, detail)))
-    os._exit(0)
-
-
-def run_case(case: Case, work: Path, limit_s: float = TIME_LIMIT_S) -> Result:
-    directory = write_case(case.files, work / "case") if case.files else work
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        os.close(r)
-        import faulthandler
-
-        faulthandler.disable()  # pytest's would print a traceback for every expected crash
-        try:
-            _child(case, directory, w)
-        finally:
-            os._exit(70)
-    os.close(w)
-    chunks, deadline = [], time.monotonic() + limit_s
-    while True:
-        ready, _, _ = select.select([r], [], [], max(deadline - time.monotonic(), 0))
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(r)
-            return Result(case, "crash", f"no answer within {limit_s:g} s (killed)")
-        chunk = os.read(r, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        return Result(case, "crash", f"killed by signal {signal.Signals(sig).name}")
-    try:
-        outcome, detail = pickle.loads(b"".join(chunks))
-    except Exception:  # noqa: BLE001 - no report: the child died without one
-        return Result(case, "crash", f"exit status {os.WEXITSTATUS(status)}, no report")
-    return Result(case, outcome, detail)
-
-
-def run_corpus(cases: list[Case], work: Path, progress: Callable[[int], None] | None = None
-               ) -> list[Result]:
-    """Every case in its own forked child, one after another (this process imports the
-    runtime and the interpreter once, so a child costs a fork, not an interpreter start)."""
-    import edge_sdk.backends as backends
-    import edge_sdk.runtime  # noqa: F401 - imported once, before the forks
-
-    backends.interpreter_class()  # the backend module imported, its banner spent once
-    work.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i, c in enumerate(cases):
-        out.append(run_case(c, work))
-        if progress is not None:
-            progress(i)
-    return out
-
-
-def table(results: list[Result]) -> dict[str, Counter]:
-    """class -> Counter of outcomes (plus "cases")."""
-    t: dict[str, Counter] = {}
-    for r in results:
-        c = t.setdefault(r.case.cls, Counter())
-        c["cases"] += 1
-        c[r.outcome] += 1
-    return t
-
-
-def format_table(t: dict[str, Counter]) -> str:
-    rows = [f"{'class':<12} {'cases':>6} " + " ".join(f"{o:>8}" for o in OUTCOMES)]
-    total = Counter()
-    for cls, c in t.items():
-        total.update(c)
-        rows.append(f"{cls:<12} {c['cases']:>6} " + " ".join(f"{c[o]:>8}" for o in OUTCOMES))
-    rows.append(f"{'total':<12} {total['cases']:>6} "
-                + " ".join(f"{total[o]:>8}" for o in OUTCOMES))
-    return "\n".join(rows)
