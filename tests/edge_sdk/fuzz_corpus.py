@@ -46,6 +46,7 @@ from fuzz_server import (  # noqa: F401 - the corpus's one import for tests and 
     load_and_predict,
     run_case,
     run_corpus,
+    run_in_clean_process,
     table,
     write_case,
 )

@@ -193,3 +193,52 @@ def format_table(t: dict[str, Counter]) -> str:
     rows.append(f"{'total':<12} {total['cases']:>6} "
                 + " ".join(f"{total[o]:>8}" for o in OUTCOMES))
     return "\n".join(rows)
+
+
+# ------------------------------------------------------------- a clean process to fork from
+def run_in_clean_process(bundle: Path, work: Path, byte_cases: int = 400, seed: int = 36,
+                         timeout_s: float = 1800.0) -> list[Result]:
+    """The corpus run by a fresh interpreter (``python fuzz_server.py``) that forks every case
+    from itself: the test process may hold threads (torch's pools, in the full test run),
+    pytest's faulthandler and whatever else was imported, none of which a forked child should
+    inherit. Results come back as JSON."""
+    import json
+    import subprocess
+    import sys
+
+    out = work / "results.json"
+    work.mkdir(parents=True, exist_ok=True)
+    here = Path(__file__).resolve().parent
+    proc = subprocess.run(
+        [sys.executable, str(here / "fuzz_server.py"), str(bundle), str(work), str(out),
+         str(byte_cases), str(seed)], cwd=work, capture_output=True, text=True,
+        timeout=timeout_s)
+    if proc.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"the corpus process failed (exit {proc.returncode}): "
+                           f"{proc.stderr[-2000:]}")
+    return [Result(Case(cls, name, _no_run), outcome, detail)
+            for cls, name, outcome, detail in json.loads(out.read_text())]
+
+
+def _no_run(directory: Path) -> object:
+    raise RuntimeError("a case read back from JSON does not run again")
+
+
+def _main(argv: list[str]) -> int:
+    import json
+
+    from fuzz_corpus import corpus
+
+    bundle, work, out, byte_cases, seed = argv
+    results = run_corpus(corpus(Path(bundle), byte_cases=int(byte_cases), seed=int(seed)),
+                         Path(work) / "cases")
+    Path(out).write_text(json.dumps([[r.case.cls, r.case.name, r.outcome, r.detail]
+                                     for r in results]))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(_main(sys.argv[1:]))
