@@ -47,20 +47,23 @@ from trainer.regime import train_step  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="cifar10")
-    p.add_argument("--width-mult", type=float, default=0.5)
+    p.add_argument("--width-mult", type=float, default=None, help="default: the config's")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--channels-last", action="store_true", help="each row in the layout train.channels_last trains it in")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, [f"model.width_mult={args.width_mult}"])
-    size, channels = (32, 3) if cfg.model.name == "nested_vgg" else (28, 1)
+    cfg = load_config(args.config, [] if args.width_mult is None
+                      else [f"model.width_mult={args.width_mult}"])
+    args.width_mult = cfg.model.width_mult
+    size, channels = (28, 1) if cfg.model.name == "nested_cnn_small" else (32, 3)
     arch = dict(num_classes=10, in_channels=channels, input_size=size)
     x = torch.randn(args.batch_size, channels, size, size)
     y = torch.randint(0, 10, (args.batch_size,))
     torch.manual_seed(0)
-    nested = create_model(cfg.model.name, width_mult=args.width_mult, **arch)
+    nested = create_model(cfg.model.name, width_mult=args.width_mult, **arch,
+                          **cfg.model.kwargs)
     nested.set_mask_scope("batch")
     plain = BM.plain_net(cfg, 1.0, **arch)
     slim = BM.slimmable_net(BM.plain_net(cfg, 1.0, **arch))
@@ -99,7 +102,13 @@ def main() -> None:
                        min_width=narrowest, sampled_width=sampled)
         return step
 
+    def full_alone():  # train.nested_start's warm-up: one full-width pass on the labels
+        means_net.train()
+        with means_net.width(1.0, scaled=False):
+            F.cross_entropy(means_net(xn), y).backward()
+
     rows = {"plain (one pass)": plain_step, "US-Nets (4 passes)": slim_step,
+            "ours, full width alone (nested_start), means": full_alone,
             "ours, Downhill pass, means": ours(False, False),
             "ours, Downhill pass, noise": ours(False, True),
             "ours, sandwich, means (training)": ours(True, False),
@@ -121,6 +130,16 @@ def main() -> None:
     base = cost["plain (one pass)"]
     for name, s in cost.items():
         print(f"{name:<52}{1000 * s:>9.0f} ms/step{s / base:>7.2f}x plain")
+    # the config's training, epoch-weighted: the full width alone before nested_start, its
+    # regime after (time to the bundle adds the quantizer's fine-tuning)
+    t = cfg.train
+    regime = ("ours, sandwich + uniform, means (training)" if t.sampled_width == "uniform"
+              else "ours, sandwich, means (training)") if t.sandwich else "ours, Downhill pass, means"
+    train = (t.nested_start * cost["ours, full width alone (nested_start), means"]
+             + (1 - t.nested_start) * cost[regime])
+    print(f"{cfg.name}'s training per step on average (nested_start {t.nested_start:g}, then "
+          f"{regime!r}): {1000 * train:.0f} ms = {train / cost['US-Nets (4 passes)']:.2f}x "
+          "US-Nets' step")
 
 
 if __name__ == "__main__":
