@@ -35,7 +35,9 @@ __all__ = [
     "log_softmax",
     "mutual_information",
     "nll",
+    "ood_aupr",
     "ood_auroc",
+    "ood_fpr_at_tpr",
     "predictive_entropy",
     "predictive_probs",
     "reliability_bins",
@@ -314,6 +316,37 @@ def ood_auroc(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
     s_out = _as_scores(scores_out, "scores_out")
     is_out = np.concatenate([np.zeros(s_in.size, dtype=bool), np.ones(s_out.size, dtype=bool)])
     return auroc(np.concatenate([s_in, s_out]), is_out)
+
+
+def ood_fpr_at_tpr(scores_in: ArrayLike, scores_out: ArrayLike, tpr: float = 0.95) -> float:
+    """Share of out-of-distribution inputs accepted when ``tpr`` of in-distribution ones are.
+
+    Accepted = score <= t, with t the smallest in-distribution score such that at least ``tpr``
+    of the in-distribution scores are <= t ("FPR at 95 % TPR", in-distribution the accepted class).
+    """
+    s_in = _as_scores(scores_in, "scores_in")
+    s_out = _as_scores(scores_out, "scores_out")
+    if not 0.0 < tpr <= 1.0:
+        raise InputError(f"tpr must be in (0, 1], got {tpr}")
+    t = np.sort(s_in)[max(int(math.ceil(tpr * s_in.size - 1e-9)) - 1, 0)]
+    return float(np.mean(s_out <= t))
+
+
+def ood_aupr(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
+    """Area under the precision-recall curve with OOD as the positive class (average precision:
+    sum over distinct thresholds of recall step x precision, as scikit-learn computes it)."""
+    s_in = _as_scores(scores_in, "scores_in")
+    s_out = _as_scores(scores_out, "scores_out")
+    s = np.concatenate([s_in, s_out])
+    pos = np.concatenate([np.zeros(s_in.size), np.ones(s_out.size)])
+    order = np.argsort(-s, kind="stable")
+    s, pos = s[order], pos[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]  # last index of each distinct score
+    tp = np.cumsum(pos)[last]
+    fp = (last + 1) - tp
+    precision = tp / (tp + fp)
+    recall = tp / s_out.size
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 
 # --------------------------------------------------------------------------- uncertainty

@@ -1,0 +1,94 @@
+"""Split-conformal prediction sets (issue 33), numpy only.
+
+Calibrate once on labelled validation data (:func:`calibrate`: the conformal quantile of the
+scores of the true labels), then every set is "the classes whose score is at most the quantile"
+(:func:`prediction_sets`). With calibration and test data exchangeable, a set contains the true
+label with probability >= 1 - alpha (marginally over calibration and test draws), and < 1 - alpha
++ 1 / (n + 1) when scores have no ties.
+
+Scores (one per candidate label, smaller = more conforming):
+
+- ``lac`` (Sadinle et al. 2019, "least ambiguous set-valued classifiers"): ``1 - p_y``. Smallest
+  mean set size at a given coverage; sets may be empty.
+- ``aps`` (Romano et al. 2020): the probability mass of every class ranked at or above ``y``.
+  Deterministic here (no uniform randomisation: coverage stays >= 1 - alpha, sets may be
+  slightly larger than the randomised version's).
+- ``raps`` (Angelopoulos et al. 2021): APS + ``lam * max(0, rank(y) - k_reg)`` (rank 1-based),
+  which penalises long tails of unlikely classes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from edge_sdk.errors import InputError
+
+__all__ = ["METHODS", "calibrate", "class_scores", "label_scores", "prediction_sets"]
+
+METHODS = ("lac", "aps", "raps")
+
+
+def _probs(probs: ArrayLike) -> NDArray[np.float64]:
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2 or p.shape[0] == 0 or p.shape[1] < 2:
+        raise InputError(f"probs must be [N, C] with N >= 1 and C >= 2, got shape {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0) or not np.allclose(p.sum(1), 1.0, atol=1e-4):
+        raise InputError("probs must be finite, non-negative rows summing to 1")
+    return p
+
+
+def _method(method: str, lam: float, k_reg: int) -> None:
+    if method not in METHODS:
+        raise InputError(f"conformal method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "raps" and not (lam >= 0 and isinstance(k_reg, (int, np.integer)) and k_reg >= 0):
+        raise InputError(f"raps needs lam >= 0 and an integer k_reg >= 0, got lam={lam}, k_reg={k_reg!r}")
+
+
+def class_scores(probs: ArrayLike, method: str = "lac", lam: float = 0.01, k_reg: int = 5
+                 ) -> NDArray[np.float64]:
+    """[N, C]: the score each class would have if it were the label."""
+    _method(method, lam, k_reg)
+    p = _probs(probs)
+    if method == "lac":
+        return 1.0 - p
+    order = np.argsort(-p, axis=1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, 1)
+    cum = np.cumsum(sorted_p, axis=1)
+    out = np.empty_like(p)
+    np.put_along_axis(out, order, cum, 1)  # mass of every class ranked at or above
+    if method == "raps":
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(1, p.shape[1] + 1)[None, :].repeat(len(p), 0), 1)
+        out = out + lam * np.maximum(0, rank - k_reg)
+    return out
+
+
+def label_scores(probs: ArrayLike, labels: ArrayLike, method: str = "lac", lam: float = 0.01,
+                 k_reg: int = 5) -> NDArray[np.float64]:
+    s = class_scores(probs, method, lam, k_reg)
+    y = np.asarray(labels)
+    if y.shape != (s.shape[0],) or y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= s.shape[1]:
+        raise InputError(f"labels must be {s.shape[0]} integers in [0, {s.shape[1]}), got shape "
+                         f"{y.shape} dtype {y.dtype}")
+    return s[np.arange(len(y)), y]
+
+
+def calibrate(probs: ArrayLike, labels: ArrayLike, alpha: float = 0.1, method: str = "lac",
+              lam: float = 0.01, k_reg: int = 5) -> float:
+    """The conformal quantile: the ceil((n + 1)(1 - alpha))-th smallest calibration score
+    (``inf`` when that exceeds n: then every set is every class)."""
+    if not (isinstance(alpha, (float, int)) and 0.0 < alpha < 1.0):
+        raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
+    s = np.sort(label_scores(probs, labels, method, lam, k_reg))
+    k = math.ceil((len(s) + 1) * (1.0 - alpha))
+    return float("inf") if k > len(s) else float(s[k - 1])
+
+
+def prediction_sets(probs: ArrayLike, qhat: float, method: str = "lac", lam: float = 0.01,
+                    k_reg: int = 5) -> NDArray[np.bool_]:
+    """[N, C] boolean mask: class c is in sample n's set iff its score <= ``qhat``."""
+    if not isinstance(qhat, (float, int)) or math.isnan(qhat):
+        raise InputError(f"qhat must be a number (from calibrate), got {qhat!r}")
+    return class_scores(probs, method, lam, k_reg) <= qhat
