@@ -104,7 +104,7 @@ def main() -> None:
 
     def full_alone():  # train.nested_start's warm-up: one full-width pass on the labels
         means_net.train()
-        with means_net.width(1.0, scaled=False):
+        with means_net.width(1.0, scaled=False), means_net.weight_mode("mean"):
             F.cross_entropy(means_net(xn), y).backward()
 
     rows = {"plain (one pass)": plain_step, "US-Nets (4 passes)": slim_step,
