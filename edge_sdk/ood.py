@@ -39,9 +39,9 @@ __all__ = [
 ]
 
 
-def _matrix(x: ArrayLike, name: str, cols: int | None = None) -> NDArray[np.float64]:
+def _matrix(x: ArrayLike, name: str, cols: int | None = None, dtype=np.float64) -> NDArray:
     try:
-        a = np.asarray(x, dtype=np.float64)
+        a = np.asarray(x, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{name} must be a numeric array, got {type(x).__name__}") from exc
     if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
@@ -71,9 +71,11 @@ def l2_normalise(features: ArrayLike, eps: float = 1e-12) -> NDArray[np.float64]
 def knn_score(features: ArrayLike, bank: ArrayLike, k: int = 10, chunk: int = 2048
               ) -> NDArray[np.float64]:
     """Minus the cosine similarity of each (normalised) feature row to its k-th nearest row of
-    ``bank`` (already L2-normalised, [M, D])."""
-    b = _matrix(bank, "bank")
-    f = l2_normalise(_matrix(features, "features", b.shape[1]))
+    ``bank`` (already L2-normalised, [M, D]); a float32 or float16 bank is used as stored (no
+    per-call float64 copy), the features cast to its dtype."""
+    keep = getattr(bank, "dtype", None) in (np.float32, np.float16)
+    b = _matrix(bank, "bank", dtype=bank.dtype if keep else np.float64)
+    f = l2_normalise(_matrix(features, "features", b.shape[1])).astype(b.dtype, copy=False)
     if not (isinstance(k, (int, np.integer)) and 1 <= k <= b.shape[0]):
         raise InputError(f"k must be an integer in [1, {b.shape[0]}] (the bank size), got {k!r}")
     out = np.empty(f.shape[0])
