@@ -170,19 +170,22 @@ def scores_of(feats: dict, y_train: np.ndarray, y_val: np.ndarray, num_classes: 
     return S, facts
 
 
-def conformal_rows(p_val, y_val, p_test, y_test) -> dict:
+def conformal_rows(p_val, y_val, p_test, y_test, variants=None) -> dict:
     """{method: {alpha: (test coverage, mean set size, worst class coverage, 95 % interval)}}:
-    split conformal calibrated on validation (the temperature is fitted on that split too)."""
+    split conformal calibrated on validation (the temperature is fitted on that split too).
+    ``variants``: {name: (method, randomised)}; default the deterministic three."""
     out = {}
     n = len(y_test)
-    for method in CF.METHODS:
-        out[method] = {}
+    variants = variants or {m: (m, False) for m in CF.METHODS}
+    for name, (method, randomised) in variants.items():
+        out[name] = {}
         for a in ALPHAS:
-            q = CF.calibrate(p_val, y_val, a, method)
-            sets = CF.prediction_sets(p_test, q, method)
+            rng = np.random.default_rng(0) if randomised else None
+            q = CF.calibrate(p_val, y_val, a, method, rng=rng)
+            sets = CF.prediction_sets(p_test, q, method, rng=rng)
             hit = sets[np.arange(n), y_test]
             lo, hi = (1 - a) - 1.96 * np.sqrt(a * (1 - a) / n), (1 - a) + 1.96 * np.sqrt(a * (1 - a) / n)
-            out[method][str(a)] = dict(coverage=float(hit.mean()), size=float(sets.sum(1).mean()),
+            out[name][str(a)] = dict(coverage=float(hit.mean()), size=float(sets.sum(1).mean()),
                                        class_min=float(min(hit[y_test == c].mean() for c in np.unique(y_test))),
                                        inside=bool(lo <= hit.mean() <= hi))
     return out
@@ -315,18 +318,38 @@ def summary(paths: list[str], out: Path) -> None:
     print("\n".join(lines))
 
 
-def cost(run_json: str, out: Path, calls: int = 3000) -> None:
+def cost(run_json: str, out: Path, calls: int = 3000, bundle: str | None = None) -> None:
     """Median host time of scoring ONE input (numpy, this process's single thread) per width at
-    the run's feature sizes: what the runtime would add to ``predict`` (no slice involved)."""
+    the run's feature sizes: what the runtime would add to ``predict`` (no slice involved).
+    ``bundle``: also the median ``predict`` of its point configurations (1 thread, uint8 or
+    float input as the bundle declares), in the same process, for the ratio."""
     r = json.loads(Path(run_json).read_text())
+    slice_us = {}
+    if bundle:
+        import edge_sdk
+
+        rt = edge_sdk.load(bundle, profile=None, threads=1)
+        dtype = np.uint8 if "uint8" in str(rt.manifest.input.dtype) else np.float32
+        x = np.random.default_rng(0).integers(0, 256, tuple(rt.manifest.input.shape[1:])).astype(dtype)
+        for c in rt.manifest.configurations:
+            if c.scope != "point":
+                continue
+            for _ in range(50):
+                rt.predict(x, config_id=c.id)
+            t = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                rt.predict(x, config_id=c.id)
+                t.append(time.perf_counter() - t0)
+            slice_us[float(c.width)] = 1e6 * float(np.median(t))
     rng = np.random.default_rng(0)
     C = 10
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ)
-    lines = [f"Command: `{env} python benchmarks/ood_scores.py --cost {run_json} --out {out}`", "",
+    lines = [f"Command: `{env} python benchmarks/ood_scores.py {' '.join(sys.argv[1:])}`", "",
              f"{r['dataset']}: median us per single-input score over {calls} calls (host, 1 thread, "
              "shared machine: ratios in one run, not absolute figures)", "",
              "| width | dim | energy | maha | rmaha | knn10 bank 1000 | knn10 bank 4000 | "
-             f"knn10 bank {r['n_train']} | fuse_ek (full bank) |", "|---" * 9 + "|"]
+             f"knn10 bank {r['n_train']} | fuse_ek (full bank) | predict (point slice) |", "|---" * 10 + "|"]
     for w in r["widths"]:
         d = r["facts"][str(w)]["dim"]
         feats = rng.normal(size=(r["n_train"], d))
@@ -346,14 +369,60 @@ def cost(run_json: str, out: Path, calls: int = 3000) -> None:
                  med(lambda: O.relative_mahalanobis_score(x, g))]
         cells += [med(lambda b=b: O.knn_score(x, b, 10)) for b in banks.values()]
         cells.append(med(lambda: O.fused_score([O.energy_score(z), O.knn_score(x, banks[r["n_train"]], 10)], norms)))
+        cells.append(slice_us.get(float(w), float("nan")))
         lines.append(f"| {w:.2f} | {d} | " + " | ".join(f"{c:.0f}" for c in cells) + " |")
+    _atomic_write(out, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def conformal_only(args, cfg, data, train_ds, state) -> None:
+    sets = {"val": batches(data.val), "test": batches(data.test)}
+    y = {k: np.concatenate([b[1].numpy() for b in sets[k]]) for k in sets}
+    calib = batches(train_ds, min(cfg.data.calib_samples, len(train_ds)), cfg.seed, batch=256)
+    model = ckpt_io.model_from_checkpoint(state)
+    variants = {"lac": ("lac", False), "aps": ("aps", False), "aps rand": ("aps", True),
+                "raps rand": ("raps", True)}
+    widths = [float(w) for w in args.widths.split(",")]
+    rows = {}
+    for w in widths:
+        recollect_bn(model, calib, w)
+        f = extract(model, sets, w)
+        zv, zt = f["val"][0], f["test"][0]
+        T = fit_temperature(zv[None], y["val"])
+        pv, pt = (M.softmax(z, -1, T).astype(np.float64) for z in (zv, zt))
+        r = conformal_rows(pv, y["val"], pt, y["test"], variants)
+        even, odd = np.arange(0, len(zv), 2), np.arange(1, len(zv), 2)
+        T2 = fit_temperature(zv[even][None], y["val"][even])
+        r["lac (T even / q odd)"] = conformal_rows(M.softmax(zv[odd], -1, T2).astype(np.float64),
+                                                  y["val"][odd], M.softmax(zt, -1, T2).astype(np.float64),
+                                                  y["test"], {"lac": ("lac", False)})["lac"]
+        rows[str(w)] = dict(conformal=r, val_acc=M.accuracy(pv, y["val"]), test_acc=M.accuracy(pt, y["test"]), T=T)
+        log(f"width {w}: val acc {rows[str(w)]['val_acc']:.4f}, test acc {rows[str(w)]['test_acc']:.4f}")
+    lines = [f"Command: `python benchmarks/ood_scores.py {' '.join(sys.argv[1:])}`", "",
+             f"### {args.dataset} `{args.checkpoint}`: split-conformal sets, calibrated on validation "
+             f"({len(y['val'])}), measured on test ({len(y['test'])})", "",
+             "accuracy validation / test: " + ", ".join(
+                 f"w {w:.2f} {rows[str(w)]['val_acc']:.4f} / {rows[str(w)]['test_acc']:.4f}" for w in widths), "",
+             "coverage / mean set size / worst class coverage; * = outside the binomial 95 % interval "
+             "around 1 - alpha (test sampling only; the calibration draw adds about as much again)", "",
+             "| method | alpha | " + " | ".join(f"w {w:.2f}" for w in widths) + " |",
+             "|---" * (len(widths) + 2) + "|"]
+    for name in rows[str(widths[0])]["conformal"]:
+        for a in ALPHAS:
+            cells = [rows[str(w)]["conformal"][name][str(a)] for w in widths]
+            lines.append(f"| {name} | {a} | " + " | ".join(
+                f"{c['coverage']:.3f}{'' if c['inside'] else '*'} / {c['size']:.2f} / {c['class_min']:.3f}"
+                for c in cells) + " |")
+    out = Path(args.out)
+    _atomic_write(out.with_suffix(".json"), json.dumps(rows, indent=1))
     _atomic_write(out, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--cost":
-        cost(sys.argv[2], Path(sys.argv[sys.argv.index("--out") + 1]))
+        cost(sys.argv[2], Path(sys.argv[sys.argv.index("--out") + 1]),
+             bundle=sys.argv[sys.argv.index("--bundle") + 1] if "--bundle" in sys.argv else None)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--report":  # re-render a run's markdown
         run = json.loads(Path(sys.argv[2]).read_text())
@@ -375,6 +444,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     ap.add_argument("--out", required=True, help="markdown file (a .json beside it)")
+    ap.add_argument("--conformal-only", action="store_true",
+                    help="only the conformal sets (validation + test logits): deterministic and "
+                         "randomised APS / RAPS, and LAC with T fitted on even validation images and "
+                         "the quantile on odd ones")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -392,6 +465,8 @@ def main() -> None:
     train_ds = _subset(data.train, args.max_train)
     select, rep = ood_sets(setting, data.spec, data_dir, lambda ds: ds)
     groups = sorted(rep)
+    if args.conformal_only:
+        return conformal_only(args, cfg, data, train_ds, state)
     sets = {"train": batches(subset(train_ds, np.arange(len(train_ds)), augment="none")),
             "val": batches(data.val), "test": batches(data.test),
             **{f"ood:{g}": batches(ds) for g, ds in rep.items()},

@@ -11,8 +11,9 @@ Scores (one per candidate label, smaller = more conforming):
 - ``lac`` (Sadinle et al. 2019, "least ambiguous set-valued classifiers"): ``1 - p_y``. Smallest
   mean set size at a given coverage; sets may be empty.
 - ``aps`` (Romano et al. 2020): the probability mass of every class ranked at or above ``y``.
-  Deterministic here (no uniform randomisation: coverage stays >= 1 - alpha, sets may be
-  slightly larger than the randomised version's).
+  Deterministic unless ``rng`` is given; then the paper's randomised score (mass ranked above
+  ``y`` + U * p_y, U uniform per sample): deterministic APS keeps coverage >= 1 - alpha but its
+  sets are much larger on confident models (benchmarks/results/ood_scores_conformal_*.md).
 - ``raps`` (Angelopoulos et al. 2021): APS + ``lam * max(0, rank(y) - k_reg)`` (rank 1-based),
   which penalises long tails of unlikely classes.
 """
@@ -46,9 +47,18 @@ def _method(method: str, lam: float, k_reg: int) -> None:
         raise InputError(f"raps needs lam >= 0 and an integer k_reg >= 0, got lam={lam}, k_reg={k_reg!r}")
 
 
-def class_scores(probs: ArrayLike, method: str = "lac", lam: float = 0.01, k_reg: int = 5
-                 ) -> NDArray[np.float64]:
-    """[N, C]: the score each class would have if it were the label."""
+def _uniforms(rng, n: int):
+    if rng is None:
+        return None
+    if not isinstance(rng, np.random.Generator):
+        raise InputError(f"rng must be a numpy Generator (np.random.default_rng(seed)) or None, got {type(rng).__name__}")
+    return rng.random(n)
+
+
+def class_scores(probs: ArrayLike, method: str = "lac", lam: float = 0.01, k_reg: int = 5,
+                 u: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
+    """[N, C]: the score each class would have if it were the label; ``u`` ([N] uniforms)
+    randomises APS / RAPS (ignored by LAC)."""
     _method(method, lam, k_reg)
     p = _probs(probs)
     if method == "lac":
@@ -58,6 +68,8 @@ def class_scores(probs: ArrayLike, method: str = "lac", lam: float = 0.01, k_reg
     cum = np.cumsum(sorted_p, axis=1)
     out = np.empty_like(p)
     np.put_along_axis(out, order, cum, 1)  # mass of every class ranked at or above
+    if u is not None:
+        out = out - u[:, None] * p  # mass strictly above + U * p
     if method == "raps":
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(1, p.shape[1] + 1)[None, :].repeat(len(p), 0), 1)
@@ -66,8 +78,9 @@ def class_scores(probs: ArrayLike, method: str = "lac", lam: float = 0.01, k_reg
 
 
 def label_scores(probs: ArrayLike, labels: ArrayLike, method: str = "lac", lam: float = 0.01,
-                 k_reg: int = 5) -> NDArray[np.float64]:
-    s = class_scores(probs, method, lam, k_reg)
+                 k_reg: int = 5, rng: np.random.Generator | None = None) -> NDArray[np.float64]:
+    n = np.shape(probs)[0] if np.ndim(probs) == 2 else 0
+    s = class_scores(probs, method, lam, k_reg, _uniforms(rng, n))
     y = np.asarray(labels)
     if y.shape != (s.shape[0],) or y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= s.shape[1]:
         raise InputError(f"labels must be {s.shape[0]} integers in [0, {s.shape[1]}), got shape "
@@ -76,19 +89,20 @@ def label_scores(probs: ArrayLike, labels: ArrayLike, method: str = "lac", lam: 
 
 
 def calibrate(probs: ArrayLike, labels: ArrayLike, alpha: float = 0.1, method: str = "lac",
-              lam: float = 0.01, k_reg: int = 5) -> float:
+              lam: float = 0.01, k_reg: int = 5, rng: np.random.Generator | None = None) -> float:
     """The conformal quantile: the ceil((n + 1)(1 - alpha))-th smallest calibration score
     (``inf`` when that exceeds n: then every set is every class)."""
     if not (isinstance(alpha, (float, int)) and 0.0 < alpha < 1.0):
         raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
-    s = np.sort(label_scores(probs, labels, method, lam, k_reg))
+    s = np.sort(label_scores(probs, labels, method, lam, k_reg, rng))
     k = math.ceil((len(s) + 1) * (1.0 - alpha))
     return float("inf") if k > len(s) else float(s[k - 1])
 
 
 def prediction_sets(probs: ArrayLike, qhat: float, method: str = "lac", lam: float = 0.01,
-                    k_reg: int = 5) -> NDArray[np.bool_]:
+                    k_reg: int = 5, rng: np.random.Generator | None = None) -> NDArray[np.bool_]:
     """[N, C] boolean mask: class c is in sample n's set iff its score <= ``qhat``."""
     if not isinstance(qhat, (float, int)) or math.isnan(qhat):
         raise InputError(f"qhat must be a number (from calibrate), got {qhat!r}")
-    return class_scores(probs, method, lam, k_reg) <= qhat
+    n = np.shape(probs)[0] if np.ndim(probs) == 2 else 0
+    return class_scores(probs, method, lam, k_reg, _uniforms(rng, n)) <= qhat

@@ -31,6 +31,26 @@ def test_marginal_coverage_over_many_splits(method, alpha):
     assert 1 - alpha - 0.01 <= mean <= 1 - alpha + 1 / (n_cal + 1) + 0.01
 
 
+@pytest.mark.parametrize("method", ["aps", "raps"])
+def test_randomised_scores_cover_and_shrink_sets(method):
+    rng = np.random.default_rng(4)
+    cov, size_r, size_d = [], [], []
+    for _ in range(40):
+        p, y = _data(rng, 600)
+        p = p ** 3 / (p ** 3).sum(1, keepdims=True)  # confident, like a trained classifier
+        y = np.array([rng.choice(p.shape[1], p=row) for row in p])
+        q = CF.calibrate(p[:300], y[:300], 0.1, method, rng=rng)
+        sets = CF.prediction_sets(p[300:], q, method, rng=rng)
+        cov.append(sets[np.arange(300), y[300:]].mean())
+        size_r.append(sets.sum(1).mean())
+        qd = CF.calibrate(p[:300], y[:300], 0.1, method)
+        size_d.append(CF.prediction_sets(p[300:], qd, method).sum(1).mean())
+    assert 0.88 <= np.mean(cov) <= 0.9 + 1 / 301 + 0.01
+    assert np.mean(size_r) < np.mean(size_d)
+    with pytest.raises(InputError, match="Generator"):
+        CF.calibrate(p, y, 0.1, method, rng=3)
+
+
 def test_lac_sets_are_smallest_and_nested_in_alpha():
     rng = np.random.default_rng(1)
     p, y = _data(rng, 4000)
