@@ -71,9 +71,9 @@ def crop_flip_batch(x: torch.Tensor) -> torch.Tensor:
     equally often) and costs one pad + slice instead of one per image."""
     _, _, h, w = x.shape
     padded = F.pad(x, (_CROP_PAD, _CROP_PAD, _CROP_PAD, _CROP_PAD), mode="reflect")
-    top, left = (int(v) for v in torch.randint(0, 2 * _CROP_PAD + 1, (2,)))
+    top, left = (int(v) for v in torch.randint(0, 2 * _CROP_PAD + 1, (2,), device="cpu"))
     out = padded[:, :, top : top + h, left : left + w]
-    flip = (torch.rand(x.shape[0]) < 0.5).view(-1, 1, 1, 1)
+    flip = (torch.rand(x.shape[0], device="cpu") < 0.5).to(x.device).view(-1, 1, 1, 1)
     return torch.where(flip, out.flip(-1), out)
 
 
@@ -123,7 +123,7 @@ class ArrayDataset(torch.utils.data.Dataset):
         loop, so its random draws (and earlier runs) stay as they were."""
         if self.augment == "crop_flip":
             return [self[i] for i in indices]
-        idx = torch.as_tensor(indices, dtype=torch.long)
+        idx = torch.as_tensor(indices, dtype=torch.long, device="cpu")  # in-memory data: host
         x = self.x[idx]
         if self.augment == "crop_flip_batch":
             x = crop_flip_batch(x)
