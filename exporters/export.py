@@ -53,7 +53,7 @@ class ExportOptions:
     # (s0 .. s_{S_max-1}) are shared by every S anyway; head files exist for the listed S only.
     sample_counts: Sequence[int] | str | None = None
     # point (+ temperature) only by default: measured on cifar10_dev and Fashion-MNIST (issue 17,
-    # README "Results"), posterior samples added <= 0.6 pt OOD AUROC over the point slice at S x
+    # docs/results.md), posterior samples added <= 0.6 pt OOD AUROC over the point slice at S x
     # the cost; ("point", "head", "all") exports the sampled scopes for an app that wants them
     scopes: Sequence[str] = ("point",)
     weights: str = "dequantize"  # int8 per-channel + DEQUANTIZE, or "float"
@@ -61,7 +61,7 @@ class ExportOptions:
     # "files": one .tflite per configuration file, for apps outside Python
     layout: str = "store"
     # sigma on a per-layer codebook of 2**sigma_bits log-spaced values (store layout, sampled
-    # scopes): 4 bits measured within noise of exact sigma (README "Store", docs/store.md §2)
+    # scopes): 4 bits measured within noise of exact sigma (docs/guide.md "Export", docs/store.md §2)
     sigma_bits: int = 4
     # a layer's sigma relative to its decoded weight (sigma / max(|mu|, step/2): sqrt(alpha))
     # on a 0- or 1-bit codebook where that is within this RMS log error, else the 4-bit
