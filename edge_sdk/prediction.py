@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -31,6 +32,17 @@ class Prediction:
     budget_met: bool  # memory fitted and latency_ms within the latency budget
     invoke_ms: float = 0.0  # the interpreter part of latency_ms (every stage, every invoke)
     batch_size: int = 1  # samples answered by the call this prediction came from
+    # (issue 33; None when the bundle has no uncertainty.bin, the configuration is of the
+    # all scope, or load(uncertainty=False))
+    # out-of-distribution score of the answering slice's features: minus the cosine
+    # similarity to the k-th nearest training image's (higher = less like the training data)
+    ood_score: float | None = None
+    # ood_score at or below the threshold that accepts 95 % of in-distribution validation
+    # images; False also makes ``abstain`` true (load(abstain_on_ood=False) turns that off)
+    in_distribution: bool | None = None
+    # split-conformal set at the model's alpha: class indices that hold the true class with
+    # probability >= 1 - alpha (marginally, over calls), calibrated on validation
+    prediction_set: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,6 +99,9 @@ class Draft:
     mutual_info: float
     label: int
     confidence: float
+    ood_score: float | None = None
+    in_distribution: bool | None = None
+    prediction_set: tuple[int, ...] | None = None
 
 
 def draft(c: Configuration, logits: np.ndarray) -> Draft:
@@ -120,12 +135,71 @@ def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft]:
 
 
 def finish(d: Draft, labels: tuple[str, ...] | list[str], target: str, latency_ms: float,
-           invoke_ms: float, met: bool, batch_size: int = 1) -> Prediction:
+           invoke_ms: float, met: bool, batch_size: int = 1, abstain_on_ood: bool = True
+           ) -> Prediction:
+    """The default abstention rule: abstain when the confidence is below the threshold
+    exported for the target accuracy, or (``abstain_on_ood``) the input is out of
+    distribution."""
     c = d.config
     threshold = c.thresholds[target]
+    abstain = threshold is None or d.confidence < threshold or \
+        (abstain_on_ood and d.in_distribution is False)
     return Prediction(
         label=d.label, class_name=labels[d.label], probs=tuple(d.probs),
         confidence=d.confidence, entropy=d.entropy, mutual_info=d.mutual_info,
-        abstain=threshold is None or d.confidence < threshold, width=c.width, scope=c.scope,
+        abstain=abstain, width=c.width, scope=c.scope,
         samples=c.samples, config_id=c.id, latency_ms=latency_ms, budget_met=met,
-        invoke_ms=invoke_ms, batch_size=batch_size)
+        invoke_ms=invoke_ms, batch_size=batch_size, ood_score=d.ood_score,
+        in_distribution=d.in_distribution, prediction_set=d.prediction_set)
+
+
+class BatchPrediction(Sequence):
+    """What ``predict_batch`` answers: a sequence of :class:`Prediction` (indexing, iterating
+    and ``len`` work as on the list it used to be) plus the batch as read-only numpy arrays,
+    as LiteRT and torch-uncertainty hand them back: ``labels [N]``, ``confidence [N]``,
+    ``probs [N, C]``, ``abstain [N]``, and (issue 33, None without uncertainty statistics)
+    ``ood_score [N]``, ``in_distribution [N]`` and ``prediction_sets [N, C]`` (boolean mask)."""
+
+    def __init__(self, preds: list[Prediction], classes: int):
+        self._preds = list(preds)
+        n = len(self._preds)
+
+        def ro(a: np.ndarray) -> np.ndarray:
+            a.setflags(write=False)
+            return a
+
+        self.labels = ro(np.fromiter((p.label for p in self._preds), np.int64, n))
+        self.confidence = ro(np.fromiter((p.confidence for p in self._preds), np.float64, n))
+        self.probs = ro(np.asarray([p.probs for p in self._preds], np.float64)
+                        .reshape(n, classes))
+        self.abstain = ro(np.fromiter((p.abstain for p in self._preds), bool, n))
+        scored = n > 0 and all(p.ood_score is not None for p in self._preds)
+        self.ood_score = ro(np.fromiter((p.ood_score for p in self._preds), np.float64, n)) \
+            if scored else None
+        self.in_distribution = ro(np.fromiter((p.in_distribution for p in self._preds), bool,
+                                              n)) if scored else None
+        self.prediction_sets = None
+        if n and all(p.prediction_set is not None for p in self._preds):
+            mask = np.zeros((n, classes), bool)
+            for i, p in enumerate(self._preds):
+                mask[i, list(p.prediction_set)] = True
+            self.prediction_sets = ro(mask)
+
+    def __getitem__(self, i):
+        return self._preds[i]
+
+    def __len__(self) -> int:
+        return len(self._preds)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a BatchPrediction or a list with the same predictions in order."""
+        if isinstance(other, BatchPrediction):
+            return self._preds == other._preds
+        if isinstance(other, list):
+            return self._preds == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking container, like a list
+
+    def __repr__(self) -> str:
+        return f"BatchPrediction(n={len(self._preds)}, labels={self.labels.tolist()!r})"

@@ -31,12 +31,17 @@ from edge_sdk.errors import BudgetError, ConfigError, ProfileError
 from edge_sdk.explain import ExplainRow, Explanation
 from edge_sdk.inputs import InputChecker
 from edge_sdk.policy import MODES, Budget, MemoryProbe, Policy, Stage, check_budget
-from edge_sdk.prediction import Prediction, draft, finish
+from edge_sdk.bundle import width_key
+from edge_sdk.bundle.slices import read_verified
+from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
+from edge_sdk.errors import BundleError
+from edge_sdk.prediction import BatchPrediction, Prediction, draft, finish
+from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
 from edge_sdk.runtime_exec import Executor
 
-__all__ = ["EdgeModel", "Prediction", "load"]
+__all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
 POLICIES = MODES
 MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
 
@@ -74,8 +79,17 @@ class EdgeModel(Executor):
                  memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  backend: str | None = None, hysteresis: float = 0.1,
                  half_life_s: float = 10.0, half_life_calls: int = 200,
-                 trusted_keys=None):
+                 trusted_keys=None, uncertainty: bool = True, alpha: float = 0.1,
+                 conformal: str = "lac", abstain_on_ood: bool = True):
         _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
+        for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood)):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{name} must be True or False, got {show(v)}")
+        if not isinstance(conformal, str) or conformal not in CONFORMAL_METHODS:
+            raise ConfigError(f"conformal must be one of {', '.join(CONFORMAL_METHODS)} (the "
+                              f"prediction sets' score), got {show(conformal)}")
+        self.alpha = check_alpha(alpha)
+        self.conformal, self.abstain_on_ood = conformal, abstain_on_ood
         self.bundle_dir = Path(bundle_dir)
         if trusted_keys is None:
             self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
@@ -90,6 +104,15 @@ class EdgeModel(Executor):
         # each slice materialised from it on first use and verified (sha256 == the manifest's,
         # tensors) before any interpreter sees it, cached LRU under memory_cap_mb
         self._slices: SliceSource = open_slices(self.bundle_dir, self.manifest, memory_cap_mb)
+        # (issue 33) the OOD statistics and conformal quantiles, verified like the weights
+        self._unc: Uncertainty | None = None
+        if uncertainty and self.manifest.uncertainty is not None:
+            entry = self.manifest.uncertainty
+            self._unc = Uncertainty.from_bytes(read_verified(self.bundle_dir, entry),
+                                               f"{self.bundle_dir}: {entry.name}")
+        self._unc_width = self._uncertainty_widths()
+        self._feat: dict[str, int] = {}  # config id -> its features output's tensor index
+        self._qhats: dict[tuple[str, float], float | None] = {}
         key = f"{target_accuracy:g}"
         missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
         if missing:
@@ -176,13 +199,42 @@ class EdgeModel(Executor):
                 for _ in range(repeats):
                     t0 = time.perf_counter()
                     self._inputs.one(x)
-                    finish(draft(c, logits), self._labels, self._target_key, 0.0, 0.0, True)
+                    d = draft(c, logits)
+                    if self._unc is not None:  # the score and the set: their own cost
+                        self._uncertain(d, None, c.id, None, probe=True)
+                    finish(d, self._labels, self._target_key, 0.0, 0.0, True)
                     times.append(time.perf_counter() - t0)
                 by_shape[shape] = statistics.median(times) * 1e3
             out[c.id] = by_shape[shape]
         return out
 
+    def _uncertainty_widths(self) -> dict[str, str]:
+        """config id -> width key of its OOD statistics: the point and head configurations
+        (the head scope runs the point backbone); BundleError when the file lacks a width or a
+        configuration the manifest has."""
+        if self._unc is None:
+            return {}
+        out = {}
+        where = f"{self.bundle_dir}: {self.manifest.uncertainty.name}"
+        for c in self.manifest.configurations:
+            if c.id not in self._unc.quantiles:
+                raise BundleError(f"{where}: no conformal quantiles for configuration "
+                                  f"{c.id!r} (the file belongs to another export)")
+            if c.scope in ("point", "head"):
+                wk = width_key(c.width)
+                if wk not in self._unc.widths:
+                    raise BundleError(f"{where}: no OOD statistics for width {wk} "
+                                      f"(configuration {c.id!r})")
+                out[c.id] = wk
+        return out
+
     # ---- public ----------------------------------------------------------------------------
+    @property
+    def uncertainty(self) -> Uncertainty | None:
+        """The bundle's OOD statistics and conformal quantiles (None: the bundle has none, or
+        ``load(uncertainty=False)``)."""
+        return self._unc
+
     @property
     def input_spec(self):
         return self.manifest.input
@@ -208,34 +260,43 @@ class EdgeModel(Executor):
         first-use cost; empty for a files bundle (read and verified at load)."""
         return dict(getattr(self._slices, "materialize_ms", {}))
 
-    def predict(self, x, budget: Budget | None = None, *, config_id: str | None = None
-                ) -> Prediction:
+    def predict(self, x, budget: Budget | None = None, *, config_id: str | None = None,
+                alpha: float | None = None) -> Prediction:
         """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
         also takes ``[H, W]``). ``budget``: an :class:`edge_sdk.Budget` for this call (None:
         the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
         letting the policy choose; its ``budget_met`` is still judged against the budget and
-        strict mode still raises when it is predicted not to fit."""
+        strict mode still raises when it is predicted not to fit. ``alpha``: this call's
+        conformal miscoverage (None: the model's, ``load(alpha=0.1)``)."""
         t0 = self._clock()
         budget = self._budget if budget is None else check_budget(budget)
+        if alpha is not None:
+            check_alpha(alpha)
         xn = self._inputs.one(x)
         if config_id is not None:
             stages = (self._pinned(config_id, budget, 1),)
         else:
             with self._lock:
                 stages = self.policy.plan(budget, self.strict).stages
-        p = self._execute_one(xn, stages, budget, t0)
+        p = self._execute_one(xn, stages, budget, t0, alpha)
         if self._recorder is not None:
             self._recorder.add((p,), budget)
         return p
 
     def predict_batch(self, xs, budget: Budget | None = None, *,
-                      config_id: str | None = None) -> list[Prediction]:
+                      config_id: str | None = None, alpha: float | None = None
+                      ) -> BatchPrediction:
         """``N`` samples ``[N, *input.shape[1:]]`` under one decision and one per-batch budget:
         one invoke per configuration for the whole batch where the slice's batch dimension can
         be resized, else a loop over the same configuration. Every prediction carries the
-        batch's wall time (``latency_ms``) and interpreter time (``invoke_ms``)."""
+        batch's wall time (``latency_ms``) and interpreter time (``invoke_ms``). Returns a
+        :class:`BatchPrediction`: the predictions as a sequence, and ``labels``,
+        ``confidence``, ``probs``, ``abstain``, ``ood_score``, ``in_distribution`` and
+        ``prediction_sets`` (an ``[N, C]`` boolean mask) as arrays."""
         t0 = self._clock()
         budget = self._budget if budget is None else check_budget(budget)
+        if alpha is not None:
+            check_alpha(alpha)
         xn = self._inputs.batch(xs)
         n = len(xn)
         if config_id is not None:
@@ -244,11 +305,11 @@ class EdgeModel(Executor):
             with self._lock:
                 stages = self.policy.plan(budget, self.strict, n=n).stages
         # one sample: the single-call path (the same answer, without the batch bookkeeping)
-        preds = [self._execute_one(xn, stages, budget, t0)] if n == 1 else \
-            self._execute_batch(xn, stages, budget, t0)
+        preds = [self._execute_one(xn, stages, budget, t0, alpha)] if n == 1 else \
+            self._execute_batch(xn, stages, budget, t0, alpha)
         if self._recorder is not None:
             self._recorder.add(preds, budget)
-        return preds
+        return BatchPrediction(preds, self._classes)
 
     def explain(self, budget: Budget | None = None, n: int = 1) -> Explanation:
         """The decision table the policy would use for a call now (changes no state): per
@@ -326,7 +387,8 @@ class EdgeModel(Executor):
     def _answer(self, c: Configuration, logits: np.ndarray, latency_ms: float,
                 met: bool) -> Prediction:
         """The prediction ``c``'s ``[S, C]`` logits make (tests of the maths)."""
-        return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met)
+        return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met,
+                      abstain_on_ood=self.abstain_on_ood)
 
     def _build(self, c: Configuration, files=None) -> list:
         """The interpreters of ``c``'s files (``files``: only those), created and allocated:

@@ -11,14 +11,81 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_sdk.errors import AllocationError, EdgeSdkError
+from edge_sdk.errors import AllocationError, BundleError, EdgeSdkError
 from edge_sdk.policy import Budget, Stage
 from edge_sdk.prediction import Draft, Prediction, draft, draft_batch, finish
+from edge_sdk.uncertainty import cascade_key
 
 _RESIZE_ERRORS = (RuntimeError, ValueError)  # what LiteRT raises for a batch it cannot take
 
 
 class Executor:
+    # ---- uncertainty (issue 33) ------------------------------------------------------------
+    def _feature_index(self, c, it) -> int:
+        """The tensor index of ``c``'s features output (its slice's second output), looked up
+        once and checked against the statistics' dimension."""
+        fi = self._feat.get(c.id)
+        if fi is None:
+            outs = it.get_output_details()
+            dim = self._unc.widths[self._unc_width[c.id]].dim
+            if len(outs) < 2 or int(outs[1]["shape"][-1]) != dim:
+                got = "no second output" if len(outs) < 2 else \
+                    f"features of shape {list(outs[1]['shape'])}"
+                raise BundleError(f"configuration {c.id!r}: its slice has {got}, the bundle's "
+                                  f"OOD statistics need [1, {dim}] features (re-export)")
+            fi = self._feat[c.id] = int(outs[1]["index"])
+        return fi
+
+    def _qhat(self, key: str, alpha: float | None) -> float | None:
+        a = self.alpha if alpha is None else alpha
+        q = self._qhats.get((key, a), False)
+        if q is False:
+            q = self._qhats[(key, a)] = self._unc.qhat(key, self.conformal, a)
+        return q
+
+    def _uncertain(self, d: Draft, interps, key: str, alpha: float | None,
+                   probe: bool = False) -> None:
+        """Fill ``d``'s OOD score (from the answering slice's features) and its conformal set
+        (the quantile of ``key``: the configuration, or the cascade plan that answered).
+        ``probe``: zero features, to measure the cost (load time)."""
+        c = d.config
+        wk = self._unc_width.get(c.id)
+        if wk is not None:
+            if probe:
+                f = np.zeros(self._unc.widths[wk].dim, np.float32)
+            else:
+                it = interps[0][0]
+                f = it.get_tensor(self._feature_index(c, it))
+            s = self._unc.score_one(wk, f)
+            d.ood_score = s
+            d.in_distribution = s <= self._unc.widths[wk].threshold
+        q = self._qhat(key, alpha)
+        if q is not None:
+            d.prediction_set = self._unc.set_one(d.probs, q, self.conformal)
+
+    def _uncertain_batch(self, ds: list[Draft], interps_feats, keys: list[str],
+                         alpha: float | None) -> None:
+        """:meth:`_uncertain` for a stage's drafts; ``interps_feats``: their features [n, D]
+        (None for a configuration without a score)."""
+        c = ds[0].config
+        wk = self._unc_width.get(c.id)
+        if wk is not None and interps_feats is not None:
+            scores = self._unc.score(wk, interps_feats)
+            thr = self._unc.widths[wk].threshold
+            for d, s in zip(ds, scores.tolist()):
+                d.ood_score, d.in_distribution = s, s <= thr
+        by_key: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            by_key.setdefault(k, []).append(i)
+        for k, idx in by_key.items():
+            q = self._qhat(k, alpha)
+            if q is None:
+                continue
+            mask = self._unc.set_mask(np.asarray([ds[i].probs for i in idx]), q, self.conformal)
+            for i, row in zip(idx, mask):
+                ds[i].prediction_set = tuple(np.flatnonzero(row).tolist())
+
+    # ---- execution -------------------------------------------------------------------------
     def _invoke(self, interps: list, x: np.ndarray) -> tuple[np.ndarray, float]:
         """Logits ``[rows, C]`` of batch-1 input ``x`` and the interpreter's wall time (ms)."""
         classes = self._classes
@@ -51,21 +118,26 @@ class Executor:
                 self.policy.observe(c.id, t + fixed, n)
 
     def _execute_one(self, xn: np.ndarray, stages: tuple[Stage, ...], budget: Budget,
-                     t0: float) -> Prediction:
+                     t0: float, alpha: float | None = None) -> Prediction:
         clock = self._clock
+        ood = self.abstain_on_ood
         if len(stages) == 1:  # the common case, kept lean: this is all SDK time
             c = stages[0].config
             interps, built = self._resident(c, 1)
             logits, invoke = self._invoke(interps, xn)
             d = draft(c, logits)
+            if self._unc is not None:
+                self._uncertain(d, interps, c.id, alpha)
             total = (clock() - t0) * 1000
             with self._lock:
                 self.policy.observe(c.id, total - built)
             met = (budget.latency_ms is None or total <= budget.latency_ms) and \
                 self.policy.fits_memory(c, budget)
-            return finish(d, self._labels, self._target_key, total, invoke, met)
+            return finish(d, self._labels, self._target_key, total, invoke, met,
+                          abstain_on_ood=ood)
         built = invoke = 0.0
         times = []
+        cut = False
         for i, st in enumerate(stages):
             s0 = clock()
             interps, b = self._resident(st.config, 1)
@@ -79,14 +151,38 @@ class Executor:
                 break
             if budget.latency_ms is not None and \
                     (s1 - t0) * 1000 - built + stages[i + 1].predicted_ms > budget.latency_ms:
+                cut = True
                 break  # no room for the next stage: this stage's answer stands
+        if self._unc is not None:
+            self._uncertain(d, interps, self._set_key(stages, d.config, cut), alpha)
         total = (clock() - t0) * 1000
         self._learn(times, total, built)
         met = self._met([c for c, _ in times], budget, total)
-        return finish(d, self._labels, self._target_key, total, invoke, met)
+        return finish(d, self._labels, self._target_key, total, invoke, met, abstain_on_ood=ood)
 
-    def _run_batch(self, c, xb: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """(logits ``[n, rows, C]``, invoke ms, build/resize ms) of ``n`` normalised samples:
+    def _set_key(self, stages: tuple[Stage, ...], answered, cut: bool) -> str:
+        """Whose conformal quantile a staged answer uses. A two-stage plan that ran as
+        planned (the first stage confident, or the second answering) mixes two
+        configurations by the input's confidence: its own quantile, calibrated on that very
+        mixture, keeps coverage >= 1 - alpha. A plan cut short by the budget (the time left,
+        not the input, decided) and the width climb of bundles without plans: the answering
+        configuration's own quantile."""
+        if len(stages) == 2 and not cut:
+            key = cascade_key(stages[0].config.id, stages[1].config.id)
+            if key in self._unc.quantiles:
+                return key
+        return answered.id
+
+    def _features(self, c, interps, n: int) -> np.ndarray | None:
+        """``c``'s features ``[n, D]`` after an invoke (None: no OOD score for ``c``)."""
+        if self._unc is None or c.id not in self._unc_width:
+            return None
+        it = interps[0][0]
+        return it.get_tensor(self._feature_index(c, it)).reshape(n, -1).copy()
+
+    def _run_batch(self, c, xb: np.ndarray) -> tuple[np.ndarray, float, float, np.ndarray | None]:
+        """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None)
+        of ``n`` normalised samples:
         one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
         says the batch dimension is resizable (its output is ``[n * rows, C]``, sample-major),
         else one invoke per sample."""
@@ -113,17 +209,20 @@ class Executor:
                     it.invoke()
                     outs.append(it.get_tensor(out).reshape(n, -1, self._classes))
                 ms = (self._clock() - t0) * 1000
-                return (outs[0] if len(outs) == 1 else np.concatenate(outs, 1)), ms, built
+                return (outs[0] if len(outs) == 1 else np.concatenate(outs, 1)), ms, built, \
+                    self._features(c, interps, n)
         interps, built = self._resident(c, 1)
-        rows, ms = [], 0.0
+        rows, feats, ms = [], [], 0.0
         for i in range(n):
             logits, m = self._invoke(interps, xb[i:i + 1])
             rows.append(logits)
+            feats.append(self._features(c, interps, 1))
             ms += m
-        return np.stack(rows), ms, built
+        return np.stack(rows), ms, built, \
+            None if feats[0] is None else np.concatenate(feats)
 
     def _execute_batch(self, xn: np.ndarray, stages: tuple[Stage, ...], budget: Budget,
-                       t0: float) -> list[Prediction]:
+                       t0: float, alpha: float | None = None) -> list[Prediction]:
         """One plan for the whole batch: each stage runs on the samples still pending (a
         cascade's second stage only on those the first was not confident about)."""
         clock = self._clock
@@ -134,7 +233,7 @@ class Executor:
         times = []
         for i, st in enumerate(stages):
             s0 = clock()
-            logits, ms, b = self._run_batch(st.config, xn[pending])
+            logits, ms, b, feats = self._run_batch(st.config, xn[pending])
             ds = draft_batch(st.config, logits)
             s1 = clock()
             times.append((st.config, (s1 - s0) * 1000 - b))
@@ -143,11 +242,19 @@ class Executor:
             last = st.accept is None or (budget.latency_ms is not None and (
                 (s1 - t0) * 1000 - built + stages[i + 1].predicted_ms > budget.latency_ms))
             rest = []
-            for j, d in zip(pending, ds):
+            done = []  # (index in ds, the conformal quantile's key)
+            for k, (j, d) in enumerate(zip(pending, ds)):
                 if last or d.confidence >= st.accept:
                     drafts[j] = d
+                    cut = st.accept is not None and d.confidence < st.accept
+                    done.append((k, self._set_key(stages, d.config, cut)
+                                 if self._unc is not None else ""))
                 else:
                     rest.append(j)
+            if self._unc is not None and done:
+                self._uncertain_batch([ds[k] for k, _ in done],
+                                      None if feats is None else feats[[k for k, _ in done]],
+                                      [key for _, key in done], alpha)
             if not rest:
                 break
             pending = np.asarray(rest)
@@ -155,4 +262,5 @@ class Executor:
         if len(times) == 1:  # a stage on a subset is not a batch of n: learn plain calls only
             self._learn(times, total, built, n)
         met = self._met([c for c, _ in times], budget, total)
-        return [finish(d, self._labels, self._target_key, total, invoke, met, n) for d in drafts]
+        return [finish(d, self._labels, self._target_key, total, invoke, met, n,
+                       self.abstain_on_ood) for d in drafts]

@@ -68,6 +68,12 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--cascade-max-loss", type=float, default=0.002,
                    help="accuracy a two-stage cascade may lose against the wider configuration "
                         "on validation (default 0.002 = 0.2 pt)")
+    p.add_argument("--no-uncertainty", action="store_true",
+                   help="no uncertainty.bin: answers carry no OOD score and no prediction set "
+                        "(and slices have no features output)")
+    p.add_argument("--ood-bank-rows", type=int, default=1000,
+                   help="training images in each width's KNN bank (bytes: rows x feature "
+                        "dim per width; default 1000)")
     p.add_argument("--no-measure", action="store_true", help="skip latency and memory runs")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
@@ -86,7 +92,8 @@ def export_main(argv: list[str]) -> int:
                          weights=args.weights, measure=not args.no_measure, force=args.force,
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
-                         max_eval=args.max_eval, device=args.device, layout=args.layout)
+                         max_eval=args.max_eval, device=args.device, layout=args.layout,
+                         uncertainty=not args.no_uncertainty, ood_bank_rows=args.ood_bank_rows)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_calibration_warning(warnings.showwarning)
         print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))

@@ -88,6 +88,7 @@ class Configurations:
         self.measure, self.classes = measure, classes
         self.records: list[dict] = []
         self.val_probs: dict[str, np.ndarray] = {}
+        self.bufs: dict[str, list[bytes]] = {}  # each configuration's file bytes
         self._measured: dict[str, tuple[float, float]] = {}
 
     def _measure(self, name: str, buf: bytes, params: int) -> tuple[float, float]:
@@ -110,6 +111,7 @@ class Configurations:
         temperature = _sig(fit_temperature(val_logits, val_y), 7)
         val_probs = predictive_probs(val_logits, temperature)
         self.val_probs[cid] = val_probs
+        self.bufs[cid] = list(bufs)
         latency = memory = None
         if self.measure:
             per_file = [self._measure(n, b, info["params"]) for n, b in zip(names, bufs)]

@@ -85,6 +85,14 @@ class ExportOptions:
     # where BN statistics are re-collected (auto = CUDA when available, else CPU)
     device: str = "auto"
     extra_source: dict = field(default_factory=dict)
+    # (issue 33) uncertainty.bin: per width an out-of-distribution score (KNN, k = 10, on the
+    # slice's features; each slice gets them as a second output) and per configuration
+    # conformal quantiles (exporters.uncertainty); needs the point scope
+    uncertainty: bool = True
+    # training images in each width's KNN bank (int8, rows x feature dim bytes per width):
+    # 1,000 is what the screen measured (benchmarks/results/ood_scores_*.md: better than the
+    # whole 18k split on cifar10_dev, 1.6-3x cheaper to score); fewer rows, fewer bytes
+    ood_bank_rows: int = 1000
 
 
 def sample_counts(s_max: int, counts: Sequence[int] | str | None = None) -> tuple[int, ...]:
@@ -223,6 +231,12 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
         files, weight_notes = _files_layout(model, ckpt, kind, widths, calib, shape, opts,
                                             out_cfg, device, sampled, progress)
     configs = out_cfg.finish(opts.cascade_max_loss)
+    unc_report = None
+    if opts.uncertainty:
+        entry, blob, unc_report = _uncertainty(out_cfg, configs, data.train, opts, log)
+        if entry is not None:
+            extra["uncertainty"] = entry
+            files[entry["name"]] = blob
     sd = spec.to_dict()
     manifest = B.Manifest.from_dict({
         "schema_version": B.SCHEMA_VERSION, "layout": opts.layout, **extra,
@@ -242,6 +256,9 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
                    # per configuration: tensors kept float because the int8 grid could not be
                    # exact (PWFN), and the largest relative move the int8 grid made
                    "weights": weight_notes,
+                   # (issue 33) the OOD score and conformal sets per width, measured on the
+                   # test split (and the OOD set when given)
+                   **({"uncertainty": unc_report} if unc_report else {}),
                    **opts.extra_source},
         # the slices' flatten and head reshapes infer the batch (-1): one invoke may run N
         "batch_dim": 0,
@@ -249,6 +266,26 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
     path = B.write_bundle(out, manifest, files, force=opts.force, lock=lock)
     log(summary(manifest))
     return path
+
+
+def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
+    """(manifest entry, bytes, report) of ``uncertainty.bin``, or Nones without point scope."""
+    from edge_sdk import bundle as B
+    from edge_sdk.bundle import width_key
+    from edge_sdk.uncertainty import FILE_NAME
+    from exporters.uncertainty import bank_rows, fit_uncertainty
+
+    points = {width_key(r["width"]): (r["id"], out_cfg.bufs[r["id"]][0])
+              for r in configs if r["scope"] == "point"}
+    if not points:
+        log("uncertainty: no point scope exported, so no OOD score or conformal sets")
+        return None, None, None
+    ty = train_ds.y.numpy()
+    pick = bank_rows(ty, opts.ood_bank_rows, opts.seed)
+    tx = train_ds.x[pick].permute(0, 2, 3, 1).contiguous().numpy()
+    blob, report = fit_uncertainty(configs, out_cfg.val_probs, points, (tx, ty[pick]),
+                                   out_cfg.ev, rows=len(pick), seed=opts.seed, log=log)
+    return B.file_entry(FILE_NAME, blob).to_dict(), blob, report
 
 
 def _bar(plan: list, progress: bool):
@@ -270,7 +307,8 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
         if scope == "point" or point is None or point.truncated_width != w:
             point = make_slice(model, w, calib, device=device)
         if scope == "point":
-            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn")]
+            blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn",
+                                        features=opts.uncertainty)]
             unique, entropy = _codebook_stats(point, kind)
         elif scope == "head":
             # the point slice's backbone (PWFN: codebook-exact, as the store route's head
@@ -278,7 +316,8 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
             heads = stack_heads(point, sliced_heads(model, samples, w))
             blobs = [export_point_slice(heads, shape, opts.weights, pow2_step=kind == "pwfn",
                                         output_shape=[opts.samples, classes],
-                                        sampled=(classifier_name(model),))]
+                                        sampled=(classifier_name(model),),
+                                        features=opts.uncertainty)]
             unique = entropy = None
         else:
             blobs = [export_point_slice(make_slice(model, w, calib, s, device), shape,
@@ -311,7 +350,7 @@ def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
     build = build_store(model, ckpt, kind, widths, calib, shape, samples=s_max,
                         seed=opts.seed, weights=opts.weights, sigma_bits=opts.sigma_bits,
                         sigma_rel_tol=opts.sigma_rel_tol, compress=opts.compress_store,
-                        device=device)
+                        device=device, features=opts.uncertainty)
     weight_notes: dict = {}
     counts = sample_counts(s_max, opts.sample_counts) if s_max else ()
     bar = _bar(widths, progress)

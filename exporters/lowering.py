@@ -65,6 +65,9 @@ class _Lowering:
         self.modules = dict(model.named_modules())
         self.records: list[dict] = []
         self.env: dict[fx.Node, _V] = {}
+        # (issue 33) the input of the final linear classifier: the "penultimate features" the
+        # out-of-distribution score reads; None when the logits do not come from a linear layer
+        self.features: str | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
     def fail(self, node: fx.Node, why: str) -> ConfigError:
@@ -109,6 +112,11 @@ class _Lowering:
                 if not isinstance(res, fx.Node):
                     raise self.fail(node, "the model must return one tensor (logits)")
                 out = self.env[res]
+                if res.op == "call_module" and isinstance(self.modules.get(res.target),
+                                                          BayesNestedLinear):
+                    feat = res.args[0] if res.args else None
+                    if isinstance(feat, fx.Node) and feat in self.env:
+                        self.features = self.env[feat].name
             elif node.op == "call_module":
                 self.env[node] = self.call_module(node, self.modules[node.target])
             elif node.op in ("call_function", "call_method"):
@@ -349,10 +357,15 @@ def _square(v) -> int | None:
     return v
 
 
-def lower(model: nn.Module, g: GraphBuilder, x: str,
-          weights: dict[str, LayerWeights]) -> tuple[str, list[dict]]:
+def lower(model: nn.Module, g: GraphBuilder, x: str, weights: dict[str, LayerWeights],
+          features: list[str] | None = None) -> tuple[str, list[dict]]:
     """Lower ``model`` (truncated, eval) into ``g`` reading the graph input ``x``; returns the
     logits tensor's name and, per Bayesian layer, how its weights were written (shape, route,
-    exactness, the int8 grid's largest relative move)."""
+    exactness, the int8 grid's largest relative move). ``features``: a list that receives the
+    name of the final linear classifier's input tensor (issue 33's penultimate features),
+    when the logits come straight from a linear layer."""
     lowering = _Lowering(model, weights, g)
-    return lowering.run(x), lowering.records
+    out = lowering.run(x)
+    if features is not None and lowering.features is not None:
+        features.append(lowering.features)
+    return out, lowering.records

@@ -223,11 +223,12 @@ def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Se
                 input_shape: Sequence[int], *, samples: int = 0, seed: int = 0,
                 weights: str = "dequantize", sigma_bits: int = 4,
                 sigma_rel_tol: float | None = REL_TOL, compress: bool = True, device=None,
-                log=print) -> StoreBuild:
+                log=print, features: bool = False) -> StoreBuild:
     """The store of ``model`` (a checkpoint's full nested model) for ``widths`` (snapped) and
     ``samples`` posterior samples (0: point only, no sampler data). ``calib``: the batches
     batch norms are re-collected on; ``input_shape``: NHWC of one sample. ``compress``: write
-    the container's version 2 (deflated) when it is smaller than version 1, else version 1."""
+    the container's version 2 (deflated) when it is smaller than version 1, else version 1.
+    ``features``: every width's graph also outputs its classifier's input (issue 33)."""
     layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
     post = dict(ckpt.get("posterior") or {}, kind=kind)
     sampled = samples > 0
@@ -259,7 +260,7 @@ def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Se
         point = make_slice(dev_model, w, calib, device=device)
         folds = [_folds(point, layers)] + [
             _folds(make_slice(dev_model, w, calib, d, device), layers) for d in draws]
-        graph, _, records = lower_point_slice(point, input_shape, "float")
+        graph, _, records = lower_point_slice(point, input_shape, "float", features=features)
         graph.description = "edge-sdk"  # from_dict's default: one key less per width
         graphs[wk] = graph.to_dict(compact=True)
         for r in records:

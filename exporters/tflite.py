@@ -31,6 +31,9 @@ __all__ = ["ChannelQuant", "GraphBuilder", "LayerWeights", "QuantizedTensor", "S
 SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
+# (issue 33) the second output: the final linear classifier's input, [N, D], read by the
+# device's out-of-distribution score (edge_sdk.uncertainty)
+FEATURES_NAME = "features"
 _OP_NAMES = {v: k for k, v in BUILTIN_CODES.items()}
 _WEIGHTED = (BUILTIN_CODES["CONV_2D"], BUILTIN_CODES["DEPTHWISE_CONV_2D"],
              BUILTIN_CODES["FULLY_CONNECTED"])
@@ -69,7 +72,8 @@ def graph_stats(graph: Graph | bytes) -> dict:
 def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
                        weights: str = "dequantize", pow2_step: bool = False,
                        output_shape: Sequence[int] | None = None,
-                       sampled: Collection[str] = ()) -> tuple[bytes, dict]:
+                       sampled: Collection[str] = (), features: bool = False
+                       ) -> tuple[bytes, dict]:
     """The point network of a truncated model as a ``.tflite`` flatbuffer, and facts about it.
 
     Input ``"input"``: float32 NHWC, already normalised (normalising is the runtime's job).
@@ -103,7 +107,7 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
         raise ConfigError(f"input_shape_nhwc must be 4 positive ints [N, H, W, C], got {shape}")
 
     graph, arrays, records = lower_point_slice(model, shape, weights, pow2_step, output_shape,
-                                               sampled)
+                                               sampled, features)
     buf = write_tflite(graph, arrays)
     info = graph_stats(graph)
     out = graph.tensor(OUTPUT_NAME)
@@ -112,19 +116,31 @@ def export_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
                                 if pow2_step and weights != "float" and r["route"] == "float"],
                 input={"name": INPUT_NAME, "shape": list(shape)},
                 output={"name": OUTPUT_NAME, "shape": list(out.shape)})
+    if FEATURES_NAME in graph.outputs:
+        info["features"] = {"name": FEATURES_NAME,
+                            "shape": list(graph.tensor(FEATURES_NAME).shape)}
     return buf, info
 
 
 def lower_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
                       weights: str = "dequantize", pow2_step: bool = False,
-                      output_shape: Sequence[int] | None = None, sampled: Collection[str] = ()
+                      output_shape: Sequence[int] | None = None, sampled: Collection[str] = (),
+                      features: bool = False
                       ) -> tuple[Graph, dict[str, np.ndarray], list[dict]]:
     """The graph description :func:`export_point_slice` writes, its weights (by name) and the
-    per-layer weight records (see ``info["tensors"]`` there)."""
+    per-layer weight records (see ``info["tensors"]`` there). ``features``: also output the
+    final linear classifier's input as a second output ``"features"`` ``[N, D]`` (issue 33:
+    the out-of-distribution score reads it); ConfigError when the logits do not come from a
+    linear layer."""
     lw = prepare_weights(model, weights, pow2_step, sampled)
     g = GraphBuilder()
     x = g.add_input(INPUT_NAME, tuple(input_shape_nhwc))
-    y, records = lower(model, g, x, lw)
+    feats: list[str] = []
+    y, records = lower(model, g, x, lw, feats)
+    if features and (not feats or feats[0] == x):
+        raise ConfigError("the out-of-distribution features are the final linear layer's "
+                          "input: this model's logits do not come from a linear layer on a "
+                          "computed tensor (export with uncertainty off)")
     if output_shape is not None:
         # [N, S*C] -> [N*S, C]: rows n*S .. n*S+S-1 are sample n's (batch-resizable, as flatten)
         rows = tuple(output_shape)
@@ -133,5 +149,7 @@ def lower_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
             raise ConfigError(f"output_shape {list(rows)} does not fit the graph's output "
                               f"{list(g.shape(y))} at batch {input_shape_nhwc[0]}")
     g.mark_output(y, OUTPUT_NAME)
+    if features:
+        g.mark_output(feats[0], FEATURES_NAME)
     graph, arrays = g.graph(resizable_batch=True)
     return graph, arrays, records

@@ -498,6 +498,10 @@ class Manifest(_Record):
     configurations: tuple[Configuration, ...]
     # width key -> the width's point graph description, weights by reference (store layout)
     graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (schema version 5, issue 33) ``uncertainty.bin``: out-of-distribution statistics and
+    # conformal quantiles (edge_sdk.uncertainty), {name, sha256, bytes}, verified like the
+    # weights in both layouts; None: the bundle has none (answers carry ood_score None)
+    uncertainty: StoreEntry | None = None
 
     @property
     def is_store(self) -> bool:
@@ -522,6 +526,8 @@ class Manifest(_Record):
         against the bundle). ``expand``: the first version-3 form instead (file entries and
         recipes in every configuration, no slices table); both read as the same Manifest."""
         out = super().to_dict()
+        if self.schema_version < 5:
+            del out["uncertainty"]
         if self.schema_version < 2:
             del out["batch_dim"]
         if self.schema_version < 3:
@@ -589,7 +595,8 @@ class Manifest(_Record):
     def stored_entries(self) -> tuple[FileEntry, ...]:
         """The files the bundle directory holds: the store (layout store) or every listed
         file (layout files)."""
-        return (self.store,) if self.is_store else self.file_entries()
+        extra = () if self.uncertainty is None else (self.uncertainty,)
+        return ((self.store,) if self.is_store else self.file_entries()) + extra
 
     def recipe(self, config: Configuration, i: int) -> Recipe:
         """The recipe of file ``i`` of ``config`` (layout store); BundleError otherwise."""
@@ -671,6 +678,16 @@ class Manifest(_Record):
                                            "materialised from a store)")
             graphs = {}
         out["store"], out["graphs"] = store, graphs
+        unc = v["uncertainty"]
+        if unc is not None:
+            if version < 5:
+                fail(join(path, "uncertainty"), f"needs schema version 5 (a version-{version} "
+                     "bundle has no uncertainty file); set schema_version: 5 or remove it")
+            unc = _record(StoreEntry, unc, join(path, "uncertainty"))
+            if store is not None and unc.name == store.name:
+                fail(join(path, "uncertainty.name"), f"expected a file other than the store "
+                                                     f"({store.name!r})")
+        out["uncertainty"] = unc
         given = _slices(v["slices"], join(path, "slices"), graphs) if layout == "store" else {}
 
         p = join(path, "configurations")

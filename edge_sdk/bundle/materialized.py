@@ -369,5 +369,9 @@ def materialize_bundle(bundle_dir: PathLike, out_dir: PathLike, *, force: bool =
                           f"its .tflite files are in the directory, nothing to materialise")
     source = StoreSlices.read(bundle_dir, manifest, cap_bytes=0)
     files = {name: source.build(name) for name in source.names()}  # build: nothing cached
+    if manifest.uncertainty is not None:  # (issue 33) the same verified file in both layouts
+        from edge_sdk.bundle.slices import read_verified
+
+        files[manifest.uncertainty.name] = read_verified(bundle_dir, manifest.uncertainty)
     out = write_bundle(out_dir, files_manifest(manifest), files, force=force, sign=sign)
     return out, dict(source.materialize_ms)

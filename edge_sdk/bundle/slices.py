@@ -64,13 +64,21 @@ def check_slice(data: bytes, name: str, config: Configuration, spec: InputSpec,
     inputs, outputs = read_io(data, what)
     expect_in = f"{MODEL_DTYPE} {list(spec.shape)}"
     expect_out = f"{MODEL_DTYPE} {list(config.output.shape)}"
-    if len(inputs) != 1 or len(outputs) != 1:
+    # (issue 33) a second output is the classifier's input features [1, D], which the
+    # out-of-distribution score reads; the logits are always the first
+    if len(inputs) != 1 or len(outputs) not in (1, 2):
         raise BundleError(
-            f"{what}: expected 1 input ({expect_in}) and 1 output ({expect_out}) for "
+            f"{what}: expected 1 input ({expect_in}) and 1 output ({expect_out}, optionally "
+            f"followed by the features {MODEL_DTYPE} [1, D]) for "
             f"configuration {config.id!r}, the model has {len(inputs)} input(s) "
             f"[{', '.join(map(_describe, inputs))}] and {len(outputs)} output(s) "
             f"[{', '.join(map(_describe, outputs))}]")
-    (x,), (y,) = inputs, outputs
+    (x,), y = inputs, outputs[0]
+    if len(outputs) == 2:
+        f = outputs[1]
+        if f.type != MODEL_DTYPE or len(f.shape) != 2 or f.shape[0] != 1 or f.shape[1] < 1:
+            raise BundleError(f"{what}: second output (the features) is {_describe(f)}, "
+                              f"expected {MODEL_DTYPE} [1, D] for configuration {config.id!r}")
     if x.type != MODEL_DTYPE or x.shape != tuple(spec.shape):
         raise BundleError(f"{what}: input tensor is {_describe(x)}, the manifest's input needs "
                           f"{expect_in} (a model for another input, or a foreign file)")
@@ -79,7 +87,7 @@ def check_slice(data: bytes, name: str, config: Configuration, spec: InputSpec,
             f"{what}: output tensor is {_describe(y)}, configuration {config.id!r} (scope "
             f"{config.scope!r}, samples={config.samples}, {config.output.shape[1]} classes) "
             f"needs {expect_out}")
-    for t, kind in ((x, "input"), (y, "output")):
+    for t, kind in ((x, "input"), *((o, "output") for o in outputs)):
         sig = t.shape_signature
         if sig is None:
             continue
@@ -106,6 +114,15 @@ def _read_once(path: Path, entry: FileEntry, root: Path) -> bytes:
     except OSError as exc:
         raise BundleError(f"{root}: cannot read {entry.name!r}: {exc}") from None
     return bytes(data)
+
+
+def read_verified(bundle_dir: PathLike, entry: FileEntry) -> bytes:
+    """One listed file of ``bundle_dir`` read once and verified (size, sha256), e.g. the
+    ``uncertainty.bin`` of issue 33."""
+    root = Path(bundle_dir)
+    data = _read_once(resolve_file(root, entry.name), entry, root)
+    verify_bytes(data, entry, str(root))
+    return data
 
 
 def read_slices(bundle_dir: PathLike, manifest: Manifest) -> dict[str, bytes]:

@@ -29,7 +29,8 @@ def _checked_files(manifest: Manifest, files: Mapping[str, Any]) -> dict[str, by
     provided: dict[str, bytes] = {}
     for name, blob in files.items():
         path = f"files[{name!r}]"
-        _file_name(name, path, STORE_SUFFIX if manifest.is_store else FILE_SUFFIX)
+        unc = manifest.uncertainty is not None and name == manifest.uncertainty.name
+        _file_name(name, path, STORE_SUFFIX if manifest.is_store or unc else FILE_SUFFIX)
         if not isinstance(blob, (bytes, bytearray, memoryview)):
             raise BundleError(f"{path}: expected bytes, {got(blob)}")
         provided[name] = bytes(blob)

@@ -352,9 +352,11 @@ def head_graph(graph: Graph, classifier: str, heads: int) -> Graph:
     g = copy.deepcopy(graph)
     wname = f"{classifier}/weight"
     fc = [o for o in g.ops if o.op == "FULLY_CONNECTED" and o.inputs[1] == wname]
-    if len(fc) != 1 or len(g.outputs) != 1 or fc[0].outputs[0] != g.outputs[0]:
+    # outputs[0] is the logits; a second output (issue 33's features, the classifier's
+    # input) is the point backbone's and stays as it is
+    if len(fc) != 1 or not g.outputs or fc[0].outputs[0] != g.outputs[0]:
         raise ConfigError(f"the head scope needs the classifier {classifier!r} to be the "
-                          "graph's last FULLY_CONNECTED, producing its output")
+                          "graph's last FULLY_CONNECTED, producing its (first) output")
     op = fc[0]
     out = g.tensor(op.outputs[0])
     n, classes = out.shape

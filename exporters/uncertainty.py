@@ -1,0 +1,187 @@
+"""Fit a bundle's ``uncertainty.bin`` (issue 33): the out-of-distribution score's statistics and
+the conformal quantiles, from in-distribution data only, through the exported slices.
+
+Per width, through that width's exported point slice (its second output, the features):
+
+- the KNN bank: ``rows`` training images (a class-stratified random draw of the *training*
+  split; never validation, test or OOD data), their features L2-normalised and stored as int8
+  (``round(127 u)``); ``k`` = 10. Why 10 and a 1,000-image bank by default: the 8 declared
+  scores were screened on the first halves of the OOD sets (benchmarks/ood_scores.py,
+  docs/uncertainty.md) and KNN with k = 10 won across both datasets; the bank's size is a cost
+  and bytes choice (one matrix-vector product per call; ``ood_bank_rows`` trades bytes for
+  quality), not an OOD-tuned one;
+- the threshold: the score below which 95 % of the *validation* images fall.
+
+Per configuration: split-conformal quantiles of its calibrated validation probabilities for
+LAC, APS and RAPS at every alpha of :data:`edge_sdk.uncertainty.ALPHAS`; per two-stage
+cascade plan, the same for the plan's composite answer (the first configuration's
+probabilities where it is confident enough, the second's elsewhere), so a cascade's sets are
+calibrated for what the cascade answers.
+
+The test split and an OOD set (when the export has one) only *measure*: per point
+configuration the share of test images accepted, the OOD AUROC / FPR95 / AUPR of the score,
+and the conformal coverage, mean set size and worst class coverage at alpha 0.05, 0.1, 0.2
+(``source.uncertainty`` in the manifest; ``edge-sdk report`` prints them).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+from ai_edge_litert.interpreter import Interpreter
+
+from edge_sdk import metrics as M
+from edge_sdk.conformal import METHODS, calibrate, class_scores
+from edge_sdk.errors import ConfigError
+from edge_sdk.ood import l2_normalise
+from edge_sdk.store import Store, encode_store
+from edge_sdk.uncertainty import (ALPHAS, BANK_SCALE, INDEX_VERSION, Uncertainty, WidthStats,
+                                  cascade_key)
+
+__all__ = ["REPORT_ALPHAS", "bank_rows", "fit_uncertainty", "run_outputs"]
+
+REPORT_ALPHAS = (0.05, 0.1, 0.2)
+RAPS = {"lam": 0.01, "k_reg": 5}  # Angelopoulos et al. 2021's defaults for ten-ish classes
+
+
+def run_outputs(model: bytes, xs: np.ndarray, batch: int = 256) -> tuple[np.ndarray, ...]:
+    """Every output of a slice (logits first, then the features) on NHWC inputs ``xs``, one
+    batched invoke per ``batch`` samples (the slices' batch dimension is resizable)."""
+    it = Interpreter(model_content=model, num_threads=1)
+    inp = it.get_input_details()[0]["index"]
+    outs = [d["index"] for d in it.get_output_details()]
+    xs = np.asarray(xs, np.float32)
+    parts: list[list[np.ndarray]] = [[] for _ in outs]
+    size = None
+    for i in range(0, len(xs), batch):
+        chunk = xs[i:i + batch]
+        if len(chunk) != size:
+            it.resize_tensor_input(inp, list(chunk.shape))
+            it.allocate_tensors()
+            size = len(chunk)
+        it.set_tensor(inp, chunk)
+        it.invoke()
+        for j, o in enumerate(outs):
+            parts[j].append(it.get_tensor(o).reshape(len(chunk), -1).copy())
+    return tuple(np.concatenate(p) for p in parts)
+
+
+def bank_rows(labels: np.ndarray, rows: int, seed: int) -> np.ndarray:
+    """``rows`` indices of ``labels``, stratified by class (each class its share, rounded,
+    at least one), in a seeded random order; all of them when ``rows`` >= their number."""
+    labels = np.asarray(labels)
+    if rows >= len(labels):
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    want = np.maximum(1, np.floor(counts / counts.sum() * rows).astype(int))
+    # hand the remainder to the largest classes, so the total is exactly ``rows``
+    for i in np.argsort(-counts)[: max(rows - int(want.sum()), 0)]:
+        want[i] += 1
+    picked = [rng.choice(np.flatnonzero(labels == c), min(n, cnt), replace=False)
+              for c, n, cnt in zip(classes, want, counts)]
+    return np.sort(np.concatenate(picked))[:rows]
+
+
+def _quantiles(probs: np.ndarray, labels: np.ndarray) -> dict[str, list[float | None]]:
+    """qhat per method and alpha of the grid (None: beyond the calibration set, every class)."""
+    out = {}
+    for m in METHODS:
+        qs = [calibrate(probs, labels, a, m, RAPS["lam"], RAPS["k_reg"]) for a in ALPHAS]
+        out[m] = [None if math.isinf(q) else float(q) for q in qs]
+    return out
+
+
+def _probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = logits.astype(np.float64) / temperature
+    z -= z.max(1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(1, keepdims=True)
+
+
+def _coverage(probs: np.ndarray, labels: np.ndarray, q: float | None, method: str) -> dict:
+    q = math.inf if q is None else q
+    mask = class_scores(probs, method, RAPS["lam"], RAPS["k_reg"]) <= q
+    hit = mask[np.arange(len(labels)), labels]
+    per_class = [float(hit[labels == c].mean()) for c in np.unique(labels)]
+    return {"coverage": float(f"{hit.mean():.4g}"), "mean_size": float(f"{mask.sum(1).mean():.4g}"),
+            "worst_class": float(f"{min(per_class):.4g}")}
+
+
+def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray],
+                    points: Mapping[str, tuple[str, bytes]], train: tuple[np.ndarray, np.ndarray],
+                    ev, *, rows: int = 1000, k: int = 10, accept: float = 0.95,
+                    seed: int = 0, log=print) -> tuple[bytes, dict]:
+    """``uncertainty.bin``'s bytes and the measured figures for ``source.uncertainty``.
+
+    ``records``: the configuration records (after the cascade plans are fitted);
+    ``val_probs``: their calibrated validation probabilities; ``points``: per width key the
+    point configuration's id and the bytes of its slice (with the features output);
+    ``train``: (NHWC inputs, labels) of the training split; ``ev``:
+    :class:`exporters.configs.EvalSets`."""
+    if not isinstance(k, int) or k < 1 or not isinstance(rows, int) or rows < k:
+        raise ConfigError(f"the KNN bank needs integers rows >= k >= 1, got rows={rows!r}, "
+                          f"k={k!r}")
+    if not points:
+        raise ConfigError("uncertainty statistics need the point scope (its slices' features)")
+    train_x, train_y = train
+    pick = bank_rows(train_y, rows, seed)
+    index: dict = {"version": INDEX_VERSION, "score": "knn", "k": k, "accept": accept,
+                   "alphas": list(ALPHAS), "raps": dict(RAPS), "bank_from": "training split",
+                   "widths": {}, "configs": {}, "cascades": {}}
+    arrays: dict[str, np.ndarray] = {}
+    report: dict = {"score": f"knn{k}", "bank_rows": int(len(pick)), "accept": accept,
+                    "widths": {}}
+    by_id = {r["id"]: r for r in records}
+    for wk, (cid, buf) in points.items():
+        outs = run_outputs(buf, train_x[pick])
+        if len(outs) != 2:
+            raise ConfigError(f"{cid}: the slice has no features output (export it with "
+                              f"features=True)")
+        bank = np.round(l2_normalise(outs[1]) * BANK_SCALE).astype(np.int8)
+        arrays[f"{wk}/bank"] = bank
+        # the threshold from the very scores the device computes (int8 bank, float32 maths)
+        stats = Uncertainty({"k": k, "accept": accept, "raps": RAPS},
+                            {wk: WidthStats(bank.astype(np.float32) / BANK_SCALE, 0.0,
+                                            bank.shape[1])}, {})
+        _, val_f = run_outputs(buf, ev.val_x)
+        s_val = stats.score(wk, val_f)
+        n = len(s_val)
+        threshold = float(np.sort(s_val)[min(math.ceil(accept * n), n) - 1])
+        index["widths"][wk] = {"threshold": threshold, "dim": int(bank.shape[1]),
+                               "rows": int(bank.shape[0])}
+        test_logits, test_f = run_outputs(buf, ev.test_x)
+        s_test = stats.score(wk, test_f)
+        t = by_id[cid]["temperature"]
+        test_p = _probs(test_logits, t)
+        row: dict = {"config": cid, "dim": int(bank.shape[1]), "threshold": threshold,
+                     "bank_bytes": int(bank.nbytes),
+                     "test_accepted": float(f"{(s_test <= threshold).mean():.4g}")}
+        if ev.ood_x is not None:
+            _, ood_f = run_outputs(buf, ev.ood_x)
+            s_ood = stats.score(wk, ood_f)
+            row["ood"] = {"auroc": float(f"{M.ood_auroc(s_test, s_ood):.4g}"),
+                          "fpr95": float(f"{M.ood_fpr_at_tpr(s_test, s_ood):.4g}"),
+                          "aupr": float(f"{M.ood_aupr(s_test, s_ood):.4g}"),
+                          "accepted": float(f"{(s_ood <= threshold).mean():.4g}")}
+        q = _quantiles(val_probs[cid], ev.val_y)
+        row["conformal"] = {f"{m}@{a:g}": _coverage(test_p, ev.test_y,
+                                                    q[m][ALPHAS.index(a)], m)
+                            for m in ("lac",) for a in REPORT_ALPHAS}
+        report["widths"][wk] = row
+        log(f"uncertainty w{wk}: knn{k} over {bank.shape[0]} x {bank.shape[1]}, threshold "
+            f"{threshold:.4f}, test accepted {row['test_accepted']:.3f}"
+            + (f", OOD AUROC {row['ood']['auroc']:.3f}" if "ood" in row else ""))
+    for r in records:
+        index["configs"][r["id"]] = _quantiles(val_probs[r["id"]], ev.val_y)
+        for target, plan in r.get("cascade", {}).items():
+            thr = plan.get("threshold")
+            if thr is None:
+                continue
+            p1, p2 = val_probs[r["id"]], val_probs[target]
+            mixed = np.where((p1.max(1) >= thr)[:, None], p1, p2)
+            index["cascades"][cascade_key(r["id"], target)] = _quantiles(mixed, ev.val_y)
+    data = encode_store(Store(index, arrays))
+    report["bytes"] = len(data)
+    return data, report
