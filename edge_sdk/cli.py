@@ -32,10 +32,26 @@ WORKSTATION_INSTALL = f"pip install '{WORKSTATION_DIST}'"
 # in step), named here so that a device install can say where they come from.
 WORKSTATION_COMMANDS = ("train", "quantize", "export", "report", "demo")
 _NEEDS_WORKSTATION = f"needs the workstation install: {WORKSTATION_INSTALL}"
+# One line per command for the top-level --help (a command registered by another package
+# without a line here is listed by name alone)
+SUMMARIES = {
+    "train": "train the nested Bayesian network on a config's data; prints the checkpoint path",
+    "quantize": "PWFN or SQS on a trained checkpoint: one shared codebook, a quantized posterior",
+    "export": "checkpoint -> bundle: per-width TFLite slices + a manifest of measured quality",
+    "report": "Markdown report of a bundle: reliability, width, risk-coverage, trace figures",
+    "demo": "the whole pipeline on scikit-learn's digits, offline, then a budget replay",
+    "run": "predict an input (.npy or image) with a bundle under a latency/memory budget",
+    "bench": "per-configuration latency of predict() against the raw interpreter invoke()",
+    "profile": "measure this device on a bundle's slices and write a device profile",
+    "materialize": "write a store bundle as plain .tflite files, for apps outside Python",
+    "keygen": "make an Ed25519 key pair for signing bundles",
+    "sign": "sign a bundle's manifest with an Ed25519 private key",
+}
 # Exit codes: 0 success; 2 invalid input of any kind (arguments, files, a malformed budget:
 # every EdgeSdkError); 3 a valid budget that strict mode could not meet (BudgetNotMetError)
 EXIT_INVALID = 2
 EXIT_BUDGET_NOT_MET = 3
+EXIT_BROKEN_PIPE = 141
 
 
 class CommandEntryPoint(Protocol):
@@ -55,12 +71,13 @@ def _missing_workstation(names: Sequence[str]) -> list[str]:
 
 
 def _usage(names: Sequence[str]) -> str:
-    listing = "\n".join(f"  {name}" for name in names) or (
+    missing = _missing_workstation(names)
+    width = max(map(len, [*names, *missing]), default=0)
+    listing = "\n".join(f"  {name:<{width}}  {SUMMARIES.get(name, '')}".rstrip()
+                        for name in names) or (
         f"  (none registered; is {DEVICE_DIST} installed? Commands come from the "
         f"'{ENTRY_POINT_GROUP}' entry points)"
     )
-    missing = _missing_workstation(names)
-    width = max(map(len, missing), default=0)
     listing += "".join(f"\n  {name:<{width}}  {_NEEDS_WORKSTATION}" for name in missing)
     return (
         f"usage: {PROG} <command> [arguments...]\n"
@@ -81,7 +98,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``argv`` (default ``sys.argv[1:]``) to a subcommand; return the exit code.
 
     ``SystemExit`` raised by a command's own argparse (``--help``, bad arguments) propagates.
+    A reader that closes the pipe early (``edge-sdk --help | head -1``) ends the command
+    quietly, exit code 141 (128 + SIGPIPE, what a shell tool killed by it returns), with no
+    traceback.
     """
+    try:
+        try:
+            code = _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and print "Exception ignored ...": point it
+        # at /dev/null first (the recipe of Python's signal module documentation)
+        import os
+
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+            pass
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {**{k: _Builtin(v) for k, v in BUILTIN_COMMANDS.items()}, **command_entry_points()}
     names = sorted(commands)

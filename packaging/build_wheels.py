@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the two build files read; everything else (tests, benchmarks, runs, .venv) stays out.
-SOURCES = ("pyproject.toml", "README.md", "edge_sdk", "device_profiles", "trainer", "exporters",
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "edge_sdk", "device_profiles", "trainer", "exporters",
            "demos", "packaging")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
 

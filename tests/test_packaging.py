@@ -158,3 +158,49 @@ def test_no_install_hint_names_the_taken_distribution():
                 if taken.search(line):
                     offenders.append(f"{rel}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_both_wheels_carry_the_license_and_the_project_metadata(wheels):
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    for name, z in wheels.items():
+        meta = _metadata(z)
+        assert meta["License-Expression"] == "Apache-2.0", name
+        (lic,) = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert z.read(lic).decode() == license_text, name
+        urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
+        assert {"Homepage", "Documentation", "Source", "Issues", "Changelog"} <= set(urls), name
+        classifiers = meta.get_all("Classifier") or []
+        assert "Programming Language :: Python :: 3 :: Only" in classifiers, name
+        assert not [c for c in classifiers if c.startswith("License ::")], name  # SPDX instead
+    assert "Typing :: Typed" in _metadata(wheels[DEVICE]).get_all("Classifier")
+
+
+def test_device_wheel_ships_py_typed(wheels):
+    assert "edge_sdk/py.typed" in _payload(wheels[DEVICE])
+
+
+def test_the_changelog_keeps_a_changelog():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert text.startswith("# Changelog")
+    assert "keepachangelog.com" in text and "## [Unreleased]" in text
+    assert re.search(r"^## \[0\.1\.0\] - \d{4}-\d{2}-\d{2}$", text, re.M)
+
+
+def test_the_public_api_is_named_and_importable_from_edge_sdk():
+    import inspect
+
+    import edge_sdk.errors as errors
+
+    assert {"load", "EdgeModel", "Budget", "Prediction", "EdgeSdkError", "InputError",
+            "BundleError", "BudgetError", "BudgetNotMetError", "BackendError", "ProfileError",
+            "ConfigError"} <= set(edge_sdk.__all__)
+    for name in edge_sdk.__all__:
+        assert getattr(edge_sdk, name) is not None, name
+    assert set(edge_sdk.__all__) <= set(dir(edge_sdk))
+    # every error class the SDK defines is public
+    defined = {n for n, v in vars(errors).items()
+               if inspect.isclass(v) and issubclass(v, Exception) and v.__module__ == errors.__name__}
+    assert defined <= set(edge_sdk.__all__), defined - set(edge_sdk.__all__)
+    assert issubclass(edge_sdk.BackendError, edge_sdk.EdgeSdkError)
+    assert edge_sdk.load.__module__ == "edge_sdk.runtime"
