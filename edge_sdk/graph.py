@@ -39,7 +39,7 @@ OPS: dict[str, dict[str, Any]] = {
     "CONV_2D": {"stride": 1, "padding": "VALID", "activation": None},
     "DEPTHWISE_CONV_2D": {"stride": 1, "padding": "VALID", "activation": None},
     "FULLY_CONNECTED": {"activation": None},
-    "ADD": {"activation": None},
+    "ADD": {"activation": None, "scalar": None},
     "CONCATENATION": {"axis": -1, "activation": None},
     "MAX_POOL_2D": {"size": 2, "stride": None, "padding": "VALID", "activation": None},
     "AVERAGE_POOL_2D": {"size": 2, "stride": None, "padding": "VALID", "activation": None},
@@ -48,7 +48,16 @@ OPS: dict[str, dict[str, Any]] = {
     "PAD": {"paddings": None},
     "RELU": {}, "RELU6": {}, "DEQUANTIZE": {},
     "SOFTMAX": {"beta": 1.0},
+    # issue 35: squeeze-excitation gates, SiLU and Hardswish, padded max pooling
+    # MUL broadcasts (a [N, 1, 1, C] gate times [N, H, W, C]); with ``scalar`` it takes one
+    # input and multiplies it by that number (the writer makes the float32 [1] constant, as
+    # it makes PAD's paddings)
+    "MUL": {"activation": None, "scalar": None},
+    "LOGISTIC": {}, "HARD_SWISH": {},
+    "PADV2": {"paddings": None, "value": 0.0},  # PAD with ``value`` (max pooling's padding)
 }
+#: ops whose option ``scalar`` replaces their second input (a float32 [1] constant in the file)
+SCALAR_OPS = ("ADD", "MUL")
 
 
 # the weighted layer kinds and the axis their per-channel int8 scales run along in TFLite
@@ -330,7 +339,11 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
         raise ConfigError(f"{what}: activation must be relu, relu6 or None, got "
                           f"{opt['activation']!r}")
     arity = {"FULLY_CONNECTED": (2, 3), "CONV_2D": (2, 3), "DEPTHWISE_CONV_2D": (2, 3),
-             "ADD": (2, 2), "CONCATENATION": (1, 64)}.get(op, (1, 1))
+             "ADD": (2, 2), "CONCATENATION": (1, 64), "MUL": (2, 2)}.get(op, (1, 1))
+    if op in SCALAR_OPS and opt.get("scalar") is not None:
+        if not isinstance(opt["scalar"], (int, float)) or not np.isfinite(opt["scalar"]):
+            raise ConfigError(f"{what}: scalar must be a finite number, got {opt['scalar']!r}")
+        arity = (1, 1)
     if not arity[0] <= len(ins) <= arity[1]:
         raise ConfigError(f"{what}: takes {arity[0]}..{arity[1]} inputs, got {len(ins)}")
     x = ins[0]
@@ -353,11 +366,19 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: weights take {wi} inputs, the input has {i}")
         _bias(ins[2] if len(ins) > 2 else None, o, what)
         return (n, o), "float32"
+    if op in SCALAR_OPS and opt.get("scalar") is not None:
+        return _need(x, f"{what} input"), "float32"
     if op == "ADD":
         a, b = _need(x, f"{what} input"), _need(ins[1], f"{what} input")
         if a != b:  # no broadcasting: residual additions have equal shapes
             raise ConfigError(f"{what}: ADD needs equal shapes, got {list(a)} and {list(b)}")
         return a, "float32"
+    if op == "MUL":
+        a, b = _need(x, f"{what} input"), _need(ins[1], f"{what} input")
+        if len(a) != len(b) or any(p != q and 1 not in (p, q) for p, q in zip(a, b)):
+            raise ConfigError(f"{what}: cannot broadcast {list(a)} and {list(b)} (same rank, "
+                              "each dimension equal or 1)")
+        return tuple(max(p, q) for p, q in zip(a, b)), "float32"
     if op == "CONCATENATION":
         shapes = [_need(t, f"{what} input") for t in ins]
         rank = len(shapes[0])
@@ -389,11 +410,20 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
                               f"[before, after] pairs, got {opt['paddings']}")
         return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
+    if op == "PADV2":
+        shape = _need(x, f"{what} input")
+        if not isinstance(opt["value"], (int, float)) or np.isnan(opt["value"]):
+            raise ConfigError(f"{what}: value must be a number, got {opt['value']!r}")
+        p = np.asarray(opt["paddings"] if opt["paddings"] is not None else [], dtype=np.int64)
+        if p.shape != (len(shape), 2) or (p < 0).any():
+            raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
+                              f"[before, after] pairs, got {opt['paddings']}")
+        return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
     if op == "DEQUANTIZE":
         if x is None or x.dtype != "int8" or x.quant is None:
             raise ConfigError(f"{what}: the input must be a quantized int8 constant")
         return tuple(x.shape), "float32"
-    return _need(x, f"{what} input"), "float32"  # RELU, RELU6, SOFTMAX
+    return _need(x, f"{what} input"), "float32"  # RELU, RELU6, SOFTMAX, LOGISTIC, HARD_SWISH
 
 
 def _reshape(old: tuple[int, ...], shape, what: str) -> tuple[int, ...]:

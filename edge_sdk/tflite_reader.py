@@ -71,11 +71,13 @@ _OPTION_FIELDS = {
     "MEAN": ("ReducerOptions", {0}),
     "RESHAPE": ("ReshapeOptions", {0}),
     "PAD": ("PadOptions", set()),
+    "PADV2": ("PadV2Options", set()),
+    "MUL": ("MulOptions", {0}),
     "DEQUANTIZE": ("DequantizeOptions", set()),
     "SOFTMAX": ("SoftmaxOptions", {0}),
 }
 # ops whose second input is an int32 operand the writer makes from an option
-_OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "MEAN": "axes"}
+_OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes"}
 
 
 def _enum(value: int, table: dict, what: str, flat: Flat):
@@ -117,7 +119,7 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
         return {"padding": pad(), "stride": [positive(2, "stride_h"), positive(1, "stride_w")],
                 "size": [positive(4, "filter_height"), positive(3, "filter_width")],
                 "activation": act(5)}
-    if op in ("FULLY_CONNECTED", "ADD"):
+    if op in ("FULLY_CONNECTED", "ADD", "MUL"):
         return {"activation": act(0)}
     if op == "CONCATENATION":
         return {"axis": t.scalar(0, "<i", 0), "activation": act(1)}
@@ -248,6 +250,11 @@ def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
                     for j, i in enumerate(ins)]
         if op in _OPERANDS:
             in_names = _operand(op, in_names, options, weights, tensors, operand_of, flat, where)
+        elif op in ("ADD", "MUL") and len(in_names) == 2 and in_names[1] in weights:
+            # the writer's scalar operand (the graph's own operands are never constants)
+            options["scalar"] = _scalar_operand(in_names[1], weights, tensors, operand_of,
+                                                flat, where)
+            in_names = in_names[:1]
         ops.append(Op(op, in_names, [index(outs[0], where)],
                       {k: v for k, v in options.items() if v is not None}))
     # the writer's int32 operands are options in the description: drop their tensors
@@ -292,8 +299,11 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
              operand_of: dict, flat: Flat, where: str) -> list:
     """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
     it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
-    if len(ins) != 2 or ins[1] is None or ins[1] not in weights:
-        raise flat.bad(f"{where}: expected [input, int32 constant operand], got {ins}")
+    # PADV2 has a third input, its pad value (a float32 constant the description keeps)
+    arity = 3 if op == "PADV2" else 2
+    if len(ins) != arity or ins[1] is None or ins[1] not in weights:
+        raise flat.bad(f"{where}: expected [input, int32 constant operand"
+                       f"{', pad value' if arity == 3 else ''}], got {ins}")
     name = ins[1]
     t = next(t for t, _ in tensors if t.name == name)
     if t.dtype != "int32" or name in operand_of or t.quant is not None:
@@ -309,11 +319,29 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
         options["shape"] = value.tolist()
     elif op == "PAD":
         options[key] = value.tolist()
+    elif op == "PADV2":
+        options[key] = value.tolist()
+        options["value"] = _scalar_operand(ins[2], weights, tensors, operand_of, flat, where)
     else:
         if value.ndim != 1:
             raise flat.bad(f"{where}: axes operand must be a vector, got {list(value.shape)}")
         options[key] = value.tolist()
     return ins[:1]
+
+
+def _scalar_operand(name: str | None, weights: dict, tensors: list, operand_of: dict,
+                    flat: Flat, where: str) -> float:
+    """A float32 [1] constant the writer made from an option (PADV2's value, ADD / MUL's
+    scalar), used by this op alone; it becomes that option again."""
+    t = next((t for t, _ in tensors if t.name == name), None)
+    if t is None or name not in weights or t.dtype != "float32" or tuple(t.shape) != (1,) \
+            or name in operand_of or t.quant is not None:
+        raise flat.bad(f"{where}: operand {name!r} must be a float32 [1] constant used once")
+    operand_of[name] = where
+    v = float(weights[name][0])
+    if not math.isfinite(v) and not v == -math.inf:
+        raise flat.bad(f"{where}: operand {name!r} is {v}")
+    return v
 
 
 def _batch_dim(tensors: list, io: dict, flat: Flat) -> int | None:

@@ -72,9 +72,10 @@ def fold_affine(layer: BayesNestedLayer) -> tuple[np.ndarray, np.ndarray]:
         s = _np64(layer.out_scale)
         if s.shape != (channels,):
             raise ConfigError(f"{name}.out_scale has shape {s.shape}, expected ({channels},)")
-        if layer.activation == "relu6":
-            raise ConfigError(f"{name} has activation relu6 and an out_scale: relu6(z) * s != "
-                              "relu6(s * z), the keep probability cannot fold (use relu)")
+        if layer.activation not in ("relu", None):
+            raise ConfigError(f"{name} has activation {layer.activation} and an out_scale: "
+                              f"{layer.activation}(z) * s != {layer.activation}(s * z), the keep "
+                              "probability cannot fold (use relu)")
         if layer.activation == "relu" and (s < 0).any():
             raise ConfigError(f"{name}.out_scale has negative entries {s[s < 0][:4]}: a scale "
                               "moves through relu only if it is >= 0 (keep probabilities are)")

@@ -32,6 +32,8 @@ from edge_sdk.graph import QUANT_AXIS, tflite_weight
 from edge_sdk.graph_build import GraphBuilder
 from exporters.weights import LayerWeights
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
+from trainer.nest_ops import (MUL, POOL_FUNCTIONS, Pool, activation_of, global_pool_size_ok,
+                              mean_dims, pool_of_call, pool_of_module)
 
 __all__ = ["lower"]
 
@@ -54,8 +56,9 @@ class _V:
 
 _ADD = {operator.add, torch.add, operator.iadd}
 _CAT = {torch.cat, torch.concat}
-_RELU = {F.relu: "RELU", torch.relu: "RELU", F.relu6: "RELU6", "relu": "RELU",
-         "relu_": "RELU"}
+#: the lowest float32: max pooling's padding (torch pads with -inf; never a window's maximum,
+#: since no window lies wholly in the padding)
+_NEG = float(np.finfo(np.float32).min)
 _FLATTEN = {torch.flatten, "flatten"}
 
 
@@ -134,15 +137,11 @@ class _Lowering:
         if isinstance(m, BayesNestedLinear):
             return _V(self.linear(node, self.arg(node), m))
         if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
-            if isinstance(m, nn.AvgPool2d) and m.divisor_override is not None:
-                raise self.fail(node, "AvgPool2d with divisor_override is not supported")
-            return self.pool(node, isinstance(m, nn.MaxPool2d), m.kernel_size,
-                             m.stride or m.kernel_size, m.padding, getattr(m, "dilation", 1),
-                             m.ceil_mode)
-        if isinstance(m, (nn.ReLU, nn.ReLU6)):
-            op = "RELU" if isinstance(m, nn.ReLU) else "RELU6"
-            return _V(self.g.op(op, [self.arg(node).name], self.name(node)),
-                      self.arg(node).flat_from)
+            return self.pool(node, self._spec(node, pool_of_module, m))
+        act = activation_of(node, self.modules)
+        if act is not None:
+            x = self.arg(node)
+            return _V(self.activation(x.name, act, self.name(node)), x.flat_from)
         if isinstance(m, nn.AdaptiveAvgPool2d):
             return self.global_pool(node, m.output_size)
         if isinstance(m, nn.Flatten):
@@ -153,7 +152,8 @@ class _Lowering:
             return self.arg(node)
         raise self.fail(node, f"unsupported module {type(m).__name__} (supported: Bayesian "
                               "conv/linear, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d(1), ReLU, "
-                              "ReLU6, Flatten, Identity, Dropout)")
+                              "ReLU6, Hardswish, Hardsigmoid, SiLU, Sigmoid, Flatten, Identity, "
+                              "Dropout)")
 
     def call(self, node: fx.Node, fn: Callable | str) -> _V:
         if fn in _ADD:
@@ -166,10 +166,12 @@ class _Lowering:
             return _V(self.g.add(a.name, b.name, name=self.name(node)), a.flat_from)
         if fn in _CAT:
             return self.cat(node)
-        if fn in _RELU or fn is F.hardtanh and node.args[1:3] == (0.0, 6.0):
-            op = _RELU.get(fn, "RELU6")
-            return _V(self.g.op(op, [self.arg(node).name], self.name(node)),
-                      self.arg(node).flat_from)
+        act = activation_of(node, self.modules)
+        if act is not None:
+            x = self.arg(node)
+            return _V(self.activation(x.name, act, self.name(node)), x.flat_from)
+        if fn in MUL:
+            return self.mul(node)
         if fn in _FLATTEN:
             if self.option(node, 1, "start_dim", 0) != 1 or \
                     self.option(node, 2, "end_dim", -1) != -1:
@@ -177,23 +179,14 @@ class _Lowering:
             return self.flatten(node)
         if fn is F.adaptive_avg_pool2d:
             return self.global_pool(node, self.option(node, 1, "output_size", None))
-        if fn in (F.max_pool2d, F.avg_pool2d):
-            k = self.option(node, 1, "kernel_size", None)
-            stride = self.option(node, 2, "stride", None) or k
-            pad = self.option(node, 3, "padding", 0)
-            if fn is F.max_pool2d:
-                return self.pool(node, True, k, stride, pad, self.option(node, 4, "dilation", 1),
-                                 self.option(node, 5, "ceil_mode", False))
-            return self.pool(node, False, k, stride, pad, 1,
-                             self.option(node, 4, "ceil_mode", False))
+        if fn in POOL_FUNCTIONS:
+            return self.pool(node, self._spec(node, pool_of_call, node))
         if fn is operator.getitem:
             return self.subsample(node)
         if fn is F.pad:
             return self.channel_pad(node)
         if fn in (torch.mean, "mean"):
-            dims = self.option(node, 1, "dim", None)
-            dims = sorted(d % 4 for d in ((dims,) if isinstance(dims, int) else dims or ()))
-            if dims != [2, 3] or len(self.g.shape(self.arg(node).name)) != 4:
+            if mean_dims(node) != [2, 3] or len(self.g.shape(self.arg(node).name)) != 4:
                 raise self.fail(node, "only the mean over H and W of an NCHW map is supported")
             return self.global_pool(node, 1, self.option(node, 2, "keepdim", False))
         name = fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
@@ -257,13 +250,19 @@ class _Lowering:
             # bottom/right), torch pads p on both sides: a silent ~3 % logit error. PAD + VALID.
             x = self.g.pad(x, [(0, 0), (p, p), (p, p), (0, 0)], name=f"{name}/pad")
             padding = "VALID"
+        fused, out = _fusable(layer.activation), name
+        if not fused:
+            name = f"{name}/linear"
         if layer.depthwise:
             wt, bt = self._weight(node, layer, "depthwise")
-            return self.g.depthwise_conv2d(x, wt, bt, stride=s, padding=padding,
-                                           activation=layer.activation, name=name)
-        wt, bt = self._weight(node, layer, "conv")  # OIHW -> OHWI
-        return self.g.conv2d(x, wt, bt, stride=s, padding=padding, activation=layer.activation,
-                             name=name)
+            y = self.g.depthwise_conv2d(x, wt, bt, stride=s, padding=padding,
+                                        activation=layer.activation if fused else None,
+                                        name=name)
+        else:
+            wt, bt = self._weight(node, layer, "conv")  # OIHW -> OHWI
+            y = self.g.conv2d(x, wt, bt, stride=s, padding=padding,
+                              activation=layer.activation if fused else None, name=name)
+        return y if fused else self.activation(y, layer.activation, self.g.unique(out))
 
     def linear(self, node: fx.Node, x: _V, layer: BayesNestedLinear) -> str:
         shape = self.g.shape(x.name)
@@ -274,21 +273,61 @@ class _Lowering:
                                   f"{list(shape)} from {h}x{w}")
         # torch flattened (C, H, W); NHWC flattens (H, W, C): the columns are permuted
         wt, bt = self._weight(node, layer, "linear", (h, w))
-        return self.g.fully_connected(x.name, wt, bt, activation=layer.activation,
-                                      name=node.target)
+        if _fusable(layer.activation):
+            return self.g.fully_connected(x.name, wt, bt, activation=layer.activation,
+                                          name=node.target)
+        y = self.g.fully_connected(x.name, wt, bt, name=f"{node.target}/linear")
+        return self.activation(y, layer.activation, self.g.unique(node.target))
 
-    def pool(self, node: fx.Node, is_max: bool, k, stride, padding, dilation, ceil) -> _V:
-        k, stride = _square(k), _square(stride)
-        if None in (k, stride) or _square(padding) != 0 or _square(dilation) != 1 or ceil:
-            raise self.fail(node, "only square pooling without padding, dilation or ceil_mode "
-                                  "is supported")
+    def _spec(self, node: fx.Node, spec, arg) -> Pool:
+        try:
+            return spec(arg)
+        except ValueError as e:  # trainer.nest refuses the same at nest time
+            raise self.fail(node, str(e)) from None
+
+    def pool(self, node: fx.Node, p: Pool) -> _V:
+        """Torch's padding (and ceil_mode's extra bottom/right rows) as an explicit pad, then
+        a VALID pool: TFLite's SAME pads asymmetrically and would shift every window. Max
+        pooling pads with the lowest float (PADV2), average pooling with zeros, which torch
+        counts in the divisor too (count_include_pad, checked by trainer.nest_ops)."""
         x = self.arg(node, 0, 4).name
-        # torch floors the output size; TFLite VALID gives (H - k) // s + 1, the same.
-        op = self.g.max_pool2d if is_max else self.g.average_pool2d
-        return _V(op(x, k, stride, "VALID", name=self.name(node)))
+        _, h, w, _ = self.g.shape(x)
+        (ph, pw), eh, ew = p.padding, p.extra(h, 0), p.extra(w, 1)
+        name = self.name(node)
+        if ph or pw or eh or ew:
+            pads = [(0, 0), (ph, ph + eh), (pw, pw + ew), (0, 0)]
+            if p.is_max:
+                x = self.g.op("PADV2", [x], f"{name}/pad", paddings=pads, value=_NEG)
+            else:
+                x = self.g.pad(x, pads, name=f"{name}/pad")
+        op = self.g.max_pool2d if p.is_max else self.g.average_pool2d
+        return _V(op(x, list(p.kernel), list(p.stride), "VALID", name=name))
+
+    def activation(self, x: str, act: str, name: str) -> str:
+        """One activation as TFLite ops: RELU, RELU6, HARD_SWISH and LOGISTIC are builtins;
+        SiLU is x * LOGISTIC(x); hardsigmoid(x) = relu6(x + 3) / 6."""
+        if act in ("relu", "relu6", "hardswish", "sigmoid"):
+            op = {"relu": "RELU", "relu6": "RELU6", "hardswish": "HARD_SWISH",
+                  "sigmoid": "LOGISTIC"}[act]
+            return self.g.op(op, [x], name)
+        if act == "silu":
+            return self.g.op("MUL", [x, self.g.op("LOGISTIC", [x], f"{name}/sigmoid")], name)
+        if act == "hardsigmoid":
+            # scalars as options: the weight store's graphs carry no constants but the layers'
+            y = self.g.op("RELU6", [self.g.op("ADD", [x], f"{name}/plus3", scalar=3.0)],
+                          f"{name}/relu6")
+            return self.g.op("MUL", [y], name, scalar=1.0 / 6.0)
+        raise ConfigError(f"{name}: activation {act!r} cannot be lowered")
+
+    def mul(self, node: fx.Node) -> _V:
+        """A squeeze-excitation gate: [N, 1, 1, C] times [N, H, W, C] (MUL broadcasts)."""
+        a, b = self.arg(node, 0), self.arg(node, 1)
+        if a.flat_from is not None or b.flat_from is not None:
+            raise self.fail(node, "cannot multiply values flattened from a spatial map")
+        return _V(self.g.op("MUL", [a.name, b.name], self.name(node)))
 
     def global_pool(self, node: fx.Node, size, keep_dims: bool = True) -> _V:
-        if _square(size) != 1:
+        if not global_pool_size_ok(size):
             raise self.fail(node, f"only global pooling (output size 1) is supported, got {size}")
         x = self.arg(node, 0, 4).name
         users = list(node.users)
@@ -350,11 +389,9 @@ class _Quant:
     axis: int
 
 
-def _square(v) -> int | None:
-    """``2`` and ``(2, 2)`` -> 2; a non-square pair -> None."""
-    if isinstance(v, (tuple, list)):
-        return v[0] if len(set(v)) == 1 else None
-    return v
+def _fusable(act: str | None) -> bool:
+    """TFLite fuses only ReLU and ReLU6 into a conv / fully connected op."""
+    return act in (None, "relu", "relu6")
 
 
 def lower(model: nn.Module, g: GraphBuilder, x: str, weights: dict[str, LayerWeights],

@@ -62,7 +62,10 @@ def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
-_ACTIVATIONS = {"relu": F.relu, "relu6": F.relu6, None: None}
+# relu and None are positive-homogeneous (the keep-probability rescale folds backwards through
+# them); the others only appear in trainer.nest's blocks, whose rescale folds forwards
+_ACTIVATIONS = {"relu": F.relu, "relu6": F.relu6, None: None, "hardswish": F.hardswish,
+                "hardsigmoid": F.hardsigmoid, "silu": F.silu, "sigmoid": torch.sigmoid}
 
 
 class BayesNestedLayer(nn.Module):
@@ -85,7 +88,8 @@ class BayesNestedLayer(nn.Module):
                  activation: str | None, bias: bool, log_alpha_init: float):
         super().__init__()
         if activation not in _ACTIVATIONS:
-            raise ConfigError(f"activation must be one of relu, relu6, None; got {activation!r}")
+            raise ConfigError(f"activation must be one of {', '.join(map(str, _ACTIVATIONS))}; "
+                              f"got {activation!r}")
         if ordering is not None:
             if out_channels % ordering.groups:
                 raise ConfigError(f"{out_channels} output channels do not split into "

@@ -19,24 +19,36 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from edge_sdk.errors import ConfigError
+from trainer.nest_ops import (GATES, HOMOGENEOUS, MUL, POOL_FUNCTIONS, activation_of,
+                              global_pool_size_ok, is_stochastic_depth, mean_dims, pool_of_call,
+                              pool_of_module)
 
 _ADD = {operator.add, torch.add, operator.iadd}
 _CAT = {torch.cat, torch.concat}
-_RELU_FN = {F.relu: "relu", torch.relu: "relu", "relu": "relu", "relu_": "relu",
-            F.relu6: "relu6"}
 _FLATTEN = {torch.flatten, "flatten"}
-_POOL_FN = {F.adaptive_avg_pool2d, F.max_pool2d, F.avg_pool2d, torch.mean, "mean"}
-_PASS_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity,
-                 nn.Dropout)
+_PASS_MODULES = (nn.Flatten, nn.Identity, nn.Dropout)
 SUPPORTED = ("Conv2d (plain or depthwise), BatchNorm2d after a conv, Linear, ReLU, ReLU6, "
-             "MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Identity, Dropout, +, torch.cat, "
-             "flatten, mean over H and W, x[:, :, ::s, ::s], F.pad of channels at the end")
+             "Hardswish, SiLU, Sigmoid/Hardsigmoid gates (x * gate, squeeze-excitation), "
+             "MaxPool2d / AvgPool2d (padded; max also ceil_mode), AdaptiveAvgPool2d(1), "
+             "Flatten, Identity, Dropout, stochastic depth, +, torch.cat, flatten, mean over H "
+             "and W, x[:, :, ::s, ::s], F.pad of channels at the end")
+
+
+def module_path(node: fx.Node) -> str | None:
+    """The user's module path the node was traced in (``features.3.block.1``), or None at the
+    top level."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack)) if stack else None
 
 
 def fail(node: fx.Node, why: str) -> ConfigError:
     target = node.target if isinstance(node.target, str) else \
         getattr(node.target, "__name__", repr(node.target))
-    return ConfigError(f"nest: fx node {node.name!r} ({node.op} {target}): {why}")
+    where = module_path(node)
+    inside = f" in module {where!r}" if where and node.op != "call_module" else ""
+    return ConfigError(f"nest: fx node {node.name!r} ({node.op} {target}){inside}: {why}")
 
 
 @dataclass(eq=False)
@@ -53,6 +65,7 @@ class Block:
     out_space: int = -1
     apply_mask: bool = True
     forward_fold: bool = False
+    gate: bool = False  # a squeeze-excitation gate: follows the gated value's unit, no mask
 
     @property
     def last(self) -> fx.Node:
@@ -106,21 +119,10 @@ class Plan:
         how = "follows its input's unit" if b.kind == "depthwise" else (
             f"shared by {len(users)} summed layers" if r in self.added else
             f"shared by {len(users)} layers" if len(users) > 1 else "own unit")
-        extra = ", masked after its depthwise" if not b.apply_mask else (
+        extra = ", squeeze-excitation gate (unmasked)" if b.gate else \
+            ", masked after its depthwise" if not b.apply_mask else (
             ", rescale folded forward" if b.forward_fold else "")
         return f"unit u{sorted(units).index(r)}: {how}{extra}"
-
-
-def _activation(node: fx.Node, modules: dict) -> str | None:
-    if node.op == "call_module":
-        m = modules[node.target]
-        return "relu" if isinstance(m, nn.ReLU) else "relu6" if isinstance(m, nn.ReLU6) else None
-    if node.op in ("call_function", "call_method"):
-        if node.target in _RELU_FN:
-            return _RELU_FN[node.target]
-        if node.target is F.hardtanh and tuple(node.args[1:3]) == (0.0, 6.0):
-            return "relu6"
-    return None
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:
@@ -151,7 +153,7 @@ def _make_block(node: fx.Node, m: nn.Module, modules: dict) -> Block:
             b.bn, b.bn_node = modules[user.target], user
             b.absorbed.append(user)
     user = _only_user(b.last)
-    act = None if user is None else _activation(user, modules)
+    act = None if user is None else activation_of(user, modules)
     if act is not None:
         b.activation = act
         b.absorbed.append(user)
@@ -165,7 +167,7 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
     modules = dict(gm.named_modules())
     env: dict[fx.Node, list] = {}  # value -> segments (space, channels or None, producer)
     absorbed: set[fx.Node] = set()
-    relu6_nodes: set[fx.Node] = set()
+    relu6_nodes: set[fx.Node] = set()  # non-homogeneous activations a forward fold cannot pass
     placeholder = None
     for node in gm.graph.nodes:  # the shortcut rule first: its strided slice comes before it
         if node.target is F.pad:
@@ -205,16 +207,23 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
                     plan.fixed[b.out_space] = "stem (nest_stem=False)"
             plan.blocks.append(b)
             env[b.last] = [(b.out_space, b.out_channels, b)]
-            if b.activation == "relu6":
+            if b.activation is not None and not HOMOGENEOUS[b.activation]:
                 relu6_nodes.add(b.last)
         elif node.op == "call_module":
             m = modules[node.target]
             if isinstance(m, nn.BatchNorm2d):
                 raise fail(node, "a BatchNorm2d must directly follow a Conv2d whose output only "
                                  "it reads (a standalone batch norm cannot be nested)")
-            if not isinstance(m, _PASS_MODULES + (nn.ReLU, nn.ReLU6)):
+            act = activation_of(node, modules)
+            if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
+                _check(node, pool_of_module, m)
+            elif isinstance(m, nn.AdaptiveAvgPool2d):
+                if not global_pool_size_ok(m.output_size):
+                    raise fail(node, f"only global pooling, AdaptiveAvgPool2d(1), is exported; "
+                                     f"got output_size={m.output_size}")
+            elif act is None and not isinstance(m, _PASS_MODULES):
                 raise fail(node, f"unsupported module {type(m).__name__} (supported: {SUPPORTED})")
-            if isinstance(m, nn.ReLU6):
+            if act is not None and not HOMOGENEOUS[act]:
                 relu6_nodes.add(node)
             env[node] = _arg(node, env)
         else:
@@ -255,15 +264,73 @@ def _function(node: fx.Node, env: dict, plan: Plan, relu6_nodes: set) -> list:
         if _spatial_stride(node) is None:
             raise fail(node, "only x[:, :, ::s, ::s] (a strided spatial subsample) is supported")
         return _arg(node, env)
-    if fn in _RELU_FN or fn is F.hardtanh and tuple(node.args[1:3]) == (0.0, 6.0):
-        if _RELU_FN.get(fn, "relu6") == "relu6":
+    act = activation_of(node, {})
+    if act is not None:
+        if not HOMOGENEOUS[act]:
             relu6_nodes.add(node)
         return _arg(node, env)
-    if fn in _FLATTEN or fn in _POOL_FN:
+    if fn in MUL:
+        return _gate(node, env, plan)
+    if is_stochastic_depth(node):
+        return _arg(node, env)  # dropped by nest() (an identity at inference)
+    if fn in _FLATTEN:
+        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+        end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
+        if (start, end) != (1, -1):
+            raise fail(node, f"only flatten(x, 1) is exported, got start_dim={start} "
+                             f"end_dim={end}")
+        return _arg(node, env)
+    if fn in POOL_FUNCTIONS:
+        _check(node, pool_of_call, node)
+        return _arg(node, env)
+    if fn is F.adaptive_avg_pool2d:
+        size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+        if not global_pool_size_ok(size):
+            raise fail(node, f"only global pooling (output size 1) is exported, got {size}")
+        return _arg(node, env)
+    if fn in (torch.mean, "mean"):
+        if mean_dims(node) != [2, 3]:
+            raise fail(node, "only the mean over H and W of an NCHW map, x.mean((2, 3)), is "
+                             "exported")
         return _arg(node, env)
     name = fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
     raise fail(node, f"unsupported {'method' if isinstance(fn, str) else 'function'} {name} "
                      f"(supported: {SUPPORTED})")
+
+
+def _check(node: fx.Node, spec, arg) -> None:
+    """Run an exporter rule of trainer.nest_ops; its ValueError becomes a ConfigError here."""
+    try:
+        spec(arg)
+    except ValueError as e:
+        raise fail(node, f"{e} (the exporter could not lower it)") from None
+
+
+def _gate(node: fx.Node, env: dict, plan: Plan) -> list:
+    """``x * gate`` where ``gate`` is a layer's sigmoid / hardsigmoid output read by nothing
+    else (squeeze-excitation): the gate's layer joins x's space, so it keeps the channels x
+    keeps (the gate follows its block), and it is not masked (x is)."""
+    args = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+    if len(args) != 2 or any(a not in env for a in args):
+        raise fail(node, "only x * gate of two tensors (a squeeze-excitation gate) is supported")
+    segs = [env[a] for a in args]
+    gates = [i for i, sg in enumerate(segs) if len(sg) == 1 and sg[0][2] is not None and
+             sg[0][2].activation in GATES and sg[0][2].last is args[i] and
+             len(args[i].users) == 1]
+    if not gates:
+        raise fail(node, "a product is supported only as a squeeze-excitation gate: x times "
+                         "the sigmoid / hardsigmoid output of a conv or linear layer that "
+                         "nothing else reads")
+    g = gates[-1]
+    x = segs[1 - g]
+    gate = segs[g][0][2]
+    if len(x) != 1:
+        raise fail(node, "gates a concatenation: its branches cannot follow one gate")
+    if x[0][1] is not None and x[0][1] != gate.out_channels:
+        raise fail(node, f"gates {x[0][1]} channels with {gate.out_channels}")
+    gate.gate = True
+    plan.union(x[0][0], gate.out_space)
+    return x
 
 
 def _option_a(node: fx.Node) -> None:
@@ -324,6 +391,11 @@ def _decide(plan: Plan, residual: str) -> None:
         channels.setdefault(r, (b.out_channels, b))
         if r in fixed or (r in added and residual == "inner"):
             continue
+        if b.out_channels % 4:
+            # ordering groups hold multiples of 4 channels (TFLite/XNNPACK): such a layer (an
+            # efficientnet squeeze of 6 channels) runs at full width in every slice
+            fixed[r] = f"{b.out_channels} channels, not a multiple of 4"
+            continue
         plan.nested.add(r)
     for b in plan.blocks:
         user = _only_user(b.last)
@@ -331,7 +403,10 @@ def _decide(plan: Plan, residual: str) -> None:
         if b.kind != "depthwise" and plan.unit_of(b) is not None and dw is not None \
                 and dw.kind == "depthwise":
             b.apply_mask = False  # masked once, after the depthwise block (exact: see nest)
-        b.forward_fold = plan.unit_of(b) is not None and b.apply_mask and b.activation == "relu6"
+        if b.gate:
+            b.apply_mask = False  # the gated value is masked; the gate multiplies it
+        b.forward_fold = plan.unit_of(b) is not None and b.apply_mask and \
+            b.activation is not None and not HOMOGENEOUS[b.activation]
 
 
 def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
@@ -353,7 +428,10 @@ def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
             elif n.target in _ADD:
                 what = "an add (the summed branches would need the same scale folded backwards)"
             elif n in relu6_nodes:
-                what = "a ReLU6 (relu6(s z) != s relu6(z))"
+                what = "a non-homogeneous activation (f(s z) != s f(z))"
+            elif n.target in MUL and all(a in seen for a in n.args[:2]
+                                         if isinstance(a, fx.Node)):
+                what = "a product of two scaled values (the scale would be squared)"
             if what is not None:
                 raise fail(n, f"the keep-probability rescale of the masked ReLU6 layer "
                               f"{b.node.name!r} cannot pass {what}; use ReLU there, or "

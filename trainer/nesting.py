@@ -41,6 +41,7 @@ from torch import fx, nn
 from edge_sdk.errors import ConfigError
 from trainer.nest_graph import Block, Plan, analyse, fail
 from trainer.nest_model import NestConv2d, NestedGraphModel, NestLinear
+from trainer.nest_ops import is_stochastic_depth
 from trainer.ordering import DownhillOrdering
 
 __all__ = ["nest", "pick_groups"]
@@ -74,6 +75,7 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
     except Exception as e:  # data-dependent control flow, unsupported Python constructs
         raise ConfigError(f"torch.fx cannot trace {type(module).__name__}: {e}") from None
     plan = analyse(gm, residual, nest_stem)
+    _drop_coarse_units(plan, groups, frozen)
     units: dict[int, DownhillOrdering] = {}
     summary = []
     new_modules: dict[str, nn.Module] = {}
@@ -93,6 +95,11 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
     body = _rewrite(gm, plan, new_modules)
     head = plan.classifier
     model = NestedGraphModel(body, summary, None if head is None else head.node.target)
+    # a fresh network has never been trained with sampled masks: its keep probabilities are
+    # the prior's, and scaling kept channels by them would make width 1.0 differ from the
+    # network nested (issue 35). Training sets the rescale from its regime (trainer.train),
+    # a checkpoint from its config (trainer.checkpoint).
+    model.set_rescale(False)
     if verbose:
         print(model.summary())
     return model
@@ -118,7 +125,7 @@ def _build(b: Block, unit, plan: Plan, units: dict, log_alpha_init: float) -> nn
     # set after construction: the base class refuses a masked relu6 block because its rescale
     # cannot fold backwards; nest() checked that every consumer folds it forwards
     layer.activation = b.activation
-    layer.forward_fold = b.activation == "relu6" and layer.apply_mask
+    layer.forward_fold = b.forward_fold and layer.apply_mask
     layer.set_input(segments, spatial)
     with torch.no_grad():
         layer.weight_mu.copy_(m.weight)
@@ -140,6 +147,24 @@ def _build(b: Block, unit, plan: Plan, units: dict, log_alpha_init: float) -> nn
             layer.bias.copy_(bias)
         layer.reset_sigma(log_alpha_init)  # sigma = |mu| sqrt(alpha) around the user's weights
     return layer
+
+
+def _drop_coarse_units(plan: Plan, groups: int, frozen: int) -> None:
+    """A space whose channels split into fewer than min(groups, 4) groups of 4 (8 channels: 2)
+    would raise the whole model's smallest width to frozen / g (0.5): it stays full width
+    instead, so every width down to frozen / groups stays reachable in training and export
+    alike (issue 35)."""
+    for r in sorted(plan.nested):
+        b = next(x for x in plan.blocks if plan.root(x.out_space) == r)
+        g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}")
+        if g < min(groups, 4) and min(frozen, g) / g > min(frozen, groups) / groups:
+            plan.nested.discard(r)
+            plan.fixed[r] = (f"{b.out_channels} channels make only {g} group(s) of 4: nesting "
+                             f"would raise the smallest width to {min(frozen, g) / g:.3g}")
+            for x in plan.blocks:
+                if plan.root(x.out_space) == r:
+                    x.forward_fold = False
+                    x.apply_mask = True
 
 
 def _spatial(b: Block, segments: list) -> int:
@@ -168,6 +193,10 @@ def _rewrite(gm: fx.GraphModule, plan: Plan, new_modules: dict[str, nn.Module]) 
             root[node.target] = new_modules[node.target]
         elif node in absorbed:
             continue
+        elif is_stochastic_depth(node):
+            # its training flag was frozen at trace time: an identity here (what it computes at
+            # inference), so the nested network's eval pass equals the source's
+            env[node] = env[node.args[0]]
         else:
             env[node] = graph.node_copy(node, lambda n: env[n])
             if node.op == "call_module":

@@ -153,13 +153,13 @@ class _Bad(nn.Module):
         self.conv = BayesNestedConv2d(3, 8, 3)
         self.conv8 = BayesNestedConv2d(8, 8, 3)
         self.act = nn.GELU()
-        self.pool = nn.MaxPool2d(3, padding=1)
+        self.pool = nn.MaxPool2d(3, padding=1, dilation=2)
         self.fc = BayesNestedLinear(8, 10, activation=None)
 
     def forward(self, x):
         y = self.conv(x)
         if self.what == "function":
-            y = torch.sigmoid(y)
+            y = torch.tanh(y)
         elif self.what == "module":
             y = self.act(y)
         elif self.what == "padding":
@@ -172,9 +172,9 @@ class _Bad(nn.Module):
 
 
 @pytest.mark.parametrize("what,match", [
-    ("function", r"fx node 'sigmoid' \(call_function sigmoid\): unsupported function sigmoid"),
+    ("function", r"fx node 'tanh' \(call_function tanh\): unsupported function tanh"),
     ("module", r"fx node 'act' \(call_module act\): unsupported module GELU"),
-    ("padding", r"fx node 'pool' \(call_module pool\): only square pooling without padding"),
+    ("padding", r"fx node 'pool' \(call_module pool\): dilation 2 is not supported"),
     ("method", r"fx node 'sum_1' \(call_method sum\): unsupported method sum"),
     ("shared", r"fx node 'conv8_1' \(call_module conv8\): the layer is called twice"),
 ])

@@ -10,6 +10,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from edge_sdk.errors import ConfigError
 from trainer.layers import BayesNestedLayer, WeightKL
 from trainer.ordering import DownhillOrdering
 
@@ -74,8 +75,20 @@ class NestedModel(nn.Module):
             unit.scope = scope
 
     def check_width(self, width: float) -> None:
+        """Raise ConfigError if ``width`` is outside (0, 1] or below a unit's frozen groups,
+        naming the layers of that unit (training and export both call this: one rule, one
+        message)."""
         for unit in self.orderings():
-            unit.groups_for_width(width)  # raises ConfigError naming the smallest width
+            try:
+                unit.groups_for_width(width)
+            except ConfigError as e:
+                names = [n for n, m in self.named_modules()
+                         if isinstance(m, BayesNestedLayer) and m.ordering is unit]
+                if not names:
+                    raise
+                more = f" (and {len(names) - 1} more sharing its unit)" if len(names) > 1 else ""
+                raise ConfigError(f"layer {names[0]!r}{more}: {e}; the model's smallest width "
+                                  f"is {self.min_width():.4g}") from None
 
     @contextmanager
     def weight_mode(self, mode: str | None) -> Iterator["NestedModel"]:

@@ -4,9 +4,13 @@ BN³ App. 9.1: nesting inside the blocks, ``residual="inner"``, is what the pape
 ResNeXt and MobileNetV2)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainer.models import register_model
 from trainer.models.plain import AllConvNet, MobileNetV2, ResNet20Cifar, allconv_channels
-from trainer.nest_model import NestedGraphModel
+
+if TYPE_CHECKING:  # trainer.nest_model imports trainer.models.base: a runtime import is a cycle
+    from trainer.nest_model import NestedGraphModel
 
 
 def _nest(net, groups, frozen, prior_pi, init_mubar, log_alpha_init, residual, nest_stem):
