@@ -56,7 +56,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.schema_version": {
         "const": B.SCHEMA_VERSION, "required": True,
         "description": "The format version; a reader refuses any it does not know (read it "
-                       "first). edge_sdk also reads versions 2 (without layout, store, graphs "
+                       "first). edge_sdk also reads versions 4 (no uncertainty), 3, 2 (without layout, store, graphs "
                        "and materialize: layout files) and 1 (version 2 without batch_dim)."},
     "Manifest.layout": {
         "enum": list(B.BUNDLE_LAYOUTS),
@@ -66,6 +66,12 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.store": {
         "description": "The weight store file (layout store; null otherwise): verify its size "
                        "and sha256 before decoding it."},
+    "Manifest.uncertainty": {
+        "description": "Schema version 5 (issue 33), optional: uncertainty.bin, the "
+                       "out-of-distribution statistics and conformal quantiles "
+                       "(edge_sdk.uncertainty), in the store's container format; verify its "
+                       "size and sha256 before decoding it. Absent: answers carry no OOD "
+                       "score and no prediction set."},
     "Manifest.slices": {
         "propertyNames": {"pattern": r"^[^./\\:][^/\\:]*\.tflite$"},
         "description": "Layout store: every virtual file once, by its .tflite name: sha256 and "

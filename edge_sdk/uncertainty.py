@@ -39,7 +39,7 @@ from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.store.container import decode_store
 
 __all__ = ["ALPHAS", "FILE_NAME", "INDEX_VERSION", "Uncertainty", "cascade_key",
-           "check_alpha"]
+           "check_alpha", "decode_bank"]
 
 FILE_NAME = "uncertainty.bin"
 INDEX_VERSION = 1
@@ -47,6 +47,15 @@ INDEX_VERSION = 1
 # issue's; finer steps near the usual choices, coarser beyond)
 ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 BANK_SCALE = 127.0  # int8 codes of unit-vector components
+
+
+def decode_bank(codes: np.ndarray) -> np.ndarray:
+    """float32 unit rows from the int8 codes ``round(127 u)``: renormalised, because rounding
+    moves a row's norm by up to ~0.5 % and the score is a cosine (scikit-learn's cosine
+    distance, tests/exporters/test_uncertainty.py, normalises the bank the same way)."""
+    rows = codes.astype(np.float32)
+    norms = np.sqrt(np.einsum("md,md->m", rows, rows))
+    return np.ascontiguousarray(rows / np.maximum(norms, 1e-12)[:, None])
 
 
 def cascade_key(first: str, second: str) -> str:
@@ -132,8 +141,7 @@ class Uncertainty:
                     bank.shape[1] != w.get("dim"):
                 raise _fail(p, f"bank must be int8 [rows >= k = {k}, dim = {w.get('dim')!r}], "
                                f"got {bank.dtype} {list(bank.shape)}")
-            unit = bank.astype(np.float32) / BANK_SCALE
-            widths[str(wk)] = WidthStats(np.ascontiguousarray(unit),
+            widths[str(wk)] = WidthStats(decode_bank(bank),
                                          _number(w.get("threshold"), f"{p}.threshold"),
                                          int(bank.shape[1]))
         quantiles: dict[str, dict[str, tuple[float, ...]]] = {}

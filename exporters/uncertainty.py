@@ -37,7 +37,7 @@ from edge_sdk.errors import ConfigError
 from edge_sdk.ood import l2_normalise
 from edge_sdk.store import Store, encode_store
 from edge_sdk.uncertainty import (ALPHAS, BANK_SCALE, INDEX_VERSION, Uncertainty, WidthStats,
-                                  cascade_key)
+                                  cascade_key, decode_bank)
 
 __all__ = ["REPORT_ALPHAS", "bank_rows", "fit_uncertainty", "run_outputs"]
 
@@ -143,8 +143,7 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
         arrays[f"{wk}/bank"] = bank
         # the threshold from the very scores the device computes (int8 bank, float32 maths)
         stats = Uncertainty({"k": k, "accept": accept, "raps": RAPS},
-                            {wk: WidthStats(bank.astype(np.float32) / BANK_SCALE, 0.0,
-                                            bank.shape[1])}, {})
+                            {wk: WidthStats(decode_bank(bank), 0.0, bank.shape[1])}, {})
         _, val_f = run_outputs(buf, ev.val_x)
         s_val = stats.score(wk, val_f)
         n = len(s_val)

@@ -526,7 +526,7 @@ class Manifest(_Record):
         against the bundle). ``expand``: the first version-3 form instead (file entries and
         recipes in every configuration, no slices table); both read as the same Manifest."""
         out = super().to_dict()
-        if self.schema_version < 5:
+        if self.schema_version < 5 or self.uncertainty is None:  # optional: absent = none
             del out["uncertainty"]
         if self.schema_version < 2:
             del out["batch_dim"]
