@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install wheels bench clean
+.PHONY: demo test install wheels bench docs typecheck clean
 
 # Both wheels' projects, editable: the device runtime (this directory, with the test tools) and
 # the workstation (packaging/workstation: trainer, exporters, demos, torch), which pip resolves
@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml packaging/workstation/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	rm -rf edge_sdk.egg-info  # metadata of the pre-rename "edge-sdk" editable install, if any
-	$(PIP) install --no-compile -q -e '.[dev]' -e ./packaging/workstation
+	$(PIP) install --no-compile -q -e '.[dev,docs]' -e ./packaging/workstation
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,8 +30,18 @@ wheels: $(STAMP)
 	rm -f dist/nested_edge_sdk-*.whl dist/nested_edge_sdk_workstation-*.whl
 	$(PY) packaging/build_wheels.py dist
 
+# The documentation site (mkdocs.yml: docs/ + the API reference from docstrings) into site/;
+# --strict: a broken link or an unrenderable docstring fails the build. Its code blocks run
+# in the test suite (tests/docs).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# mypy --strict on the device runtime (issue 34: the count of errors is reported, not yet zero)
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict edge_sdk
+
 bench: $(STAMP)
 	$(PY) benchmarks/train_speed.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache dist build *.egg-info packaging/workstation/*.egg-info
+	rm -rf $(VENV) runs .pytest_cache dist build site *.egg-info packaging/workstation/*.egg-info

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib.metadata import entry_points
 from typing import Any, NoReturn, Protocol
@@ -182,7 +182,7 @@ class _ArgumentError(Exception):
 
 
 @contextmanager
-def _one_line_argparse():
+def _one_line_argparse() -> Iterator[None]:
     """While a command runs, argparse's error() raises instead of printing the usage block
     and exiting; ``--help`` still prints and exits 0. Every command's parser is covered,
     the workstation wheel's too, without changing how they are written."""
