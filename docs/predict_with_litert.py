@@ -3,7 +3,8 @@
 The worked example of docs/manifest.md, for apps that read the bundle themselves (in any
 language: every step is a few lines of array code). It reproduces
 ``edge_sdk.load(bundle).predict(x, config_id=...)`` — label, probabilities, confidence,
-entropy, mutual information and abstain — and, with no configuration named, the configuration
+entropy, mutual information, the out-of-distribution score, the conformal prediction set
+(alpha 0.1, LAC) and abstain — and, with no configuration named, the configuration
 ``predict`` picks without a budget (the lowest validation NLL; ties: larger width, then fewer
 invokes). tests/edge_sdk/test_predict_with_litert.py checks it against the runtime.
 
@@ -18,6 +19,7 @@ import argparse
 import hashlib
 import json
 import math
+import struct
 import sys
 from pathlib import Path
 
@@ -36,13 +38,46 @@ def read_manifest(bundle: Path) -> dict:
     # version 3 adds layout: a `files` bundle reads as version 2, a `store` bundle holds one
     # weight store its slices are materialised from (edge_sdk's job: `edge-sdk materialize
     # BUNDLE --out DIR` writes its files bundle); version 4 changes only the store layout's
-    # manifest (keys the reader derives may be left out), so its `files` bundle reads as 3
-    if manifest["schema_version"] not in (1, 2, 3, 4):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-4")
+    # manifest (keys the reader derives may be left out), so its `files` bundle reads as 3;
+    # version 5 adds `uncertainty` (uncertainty.bin, read by read_uncertainty below)
+    if manifest["schema_version"] not in (1, 2, 3, 4, 5):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-5")
     if manifest.get("layout", "files") != "files":
         raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
                          f"write them with `edge-sdk materialize {bundle} --out DIR`")
     return manifest
+
+
+def read_uncertainty(bundle: Path, manifest: dict) -> tuple[dict, dict] | None:
+    """uncertainty.bin (docs/store.md's container, version 1): b"EDGESTOR", u32 version, u64
+    header length, the header JSON {"index", "arrays": {name: {dtype, shape, offset, bytes}}},
+    zero padding to 16 bytes, then the arrays. Returns (index, arrays) or None."""
+    entry = manifest.get("uncertainty")
+    if entry is None:
+        return None
+    data = (bundle / entry["name"]).read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise ValueError(f"{entry['name']}: sha256 differs from the manifest")
+    magic, version, n = struct.unpack_from("<8sIQ", data)
+    if magic != b"EDGESTOR" or version != 1:
+        raise ValueError(f"{entry['name']}: not a version-1 container")
+    header = json.loads(data[20:20 + n])
+    payload = -(-(20 + n) // 16) * 16
+    arrays = {k: np.frombuffer(data, np.dtype(a["dtype"]), int(np.prod(a["shape"])),
+                               payload + a["offset"]).reshape(a["shape"])
+              for k, a in header["arrays"].items()}
+    return header["index"], arrays
+
+
+def ood_score(index: dict, arrays: dict, width_key: str, features: np.ndarray) -> float:
+    """Minus the cosine similarity to the k-th nearest training image's features; the int8
+    bank rows are unit vectors once renormalised."""
+    bank = arrays[f"{width_key}/bank"].astype(np.float32)
+    bank /= np.linalg.norm(bank, axis=1, keepdims=True)
+    f = features.reshape(-1)
+    sims = bank @ f / max(float(np.linalg.norm(f)), 1e-12)
+    k = index["k"]
+    return -float(np.partition(sims, len(sims) - k)[len(sims) - k])
 
 
 def choose(manifest: dict, config_id: str | None) -> dict:
@@ -71,10 +106,12 @@ def normalise(manifest: dict, x: np.ndarray) -> np.ndarray:
     return ((x - mean) / std)[None].astype(np.float32)
 
 
-def logits(bundle: Path, config: dict, x: np.ndarray, classes: int) -> np.ndarray:
+def logits(bundle: Path, config: dict, x: np.ndarray, classes: int
+           ) -> tuple[np.ndarray, np.ndarray | None]:
     """[S, C] logits: one invoke per file. point: [1, C]; head: one file answering [S, C];
-    all: S files answering [1, C] each, stacked in file order."""
-    rows = []
+    all: S files answering [1, C] each, stacked in file order. And the first file's second
+    output (schema version 5: the features the OOD score reads), or None."""
+    rows, features = [], None
     for entry in config["files"]:
         path = bundle / entry["name"]
         if hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
@@ -83,12 +120,17 @@ def logits(bundle: Path, config: dict, x: np.ndarray, classes: int) -> np.ndarra
         it.allocate_tensors()
         it.set_tensor(it.get_input_details()[0]["index"], x)
         it.invoke()
-        rows.append(it.get_tensor(it.get_output_details()[0]["index"]).reshape(-1, classes))
-    return np.concatenate(rows, 0)
+        outs = it.get_output_details()
+        rows.append(it.get_tensor(outs[0]["index"]).reshape(-1, classes))
+        if features is None and len(outs) > 1:
+            features = it.get_tensor(outs[1]["index"])
+    return np.concatenate(rows, 0), features
 
 
-def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95") -> dict:
-    """Temperature, sample averaging, uncertainty and the abstain threshold."""
+def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95",
+           unc: tuple[dict, dict] | None = None, features: np.ndarray | None = None) -> dict:
+    """Temperature, sample averaging, uncertainty, the OOD score and the conformal set, and
+    the abstain rule (below the confidence threshold, or out of distribution)."""
     z = z.astype(np.float64) / config["temperature"]  # the same T divides every sample
     z -= z.max(-1, keepdims=True)
     p_s = np.exp(z) / np.exp(z).sum(-1, keepdims=True)  # softmax per posterior sample
@@ -102,12 +144,23 @@ def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95") ->
     predictive = float(entropy(p))
     expected = float(entropy(p_s).mean())
     threshold = config["thresholds"][target]  # None: no confidence reaches the target
+    score = inside = pset = None
+    if unc is not None:
+        index, arrays = unc
+        wk = f"{config['width']:.2f}"
+        if config["scope"] != "all" and features is not None:  # all: no score
+            score = ood_score(index, arrays, wk, features)
+            inside = score <= index["widths"][wk]["threshold"]
+        q = index["configs"][config["id"]]["lac"][index["alphas"].index(0.1)]
+        q = math.inf if q is None else q  # None: every class
+        pset = [i for i, v in enumerate(p.tolist()) if v >= 1.0 - q]
     return {
         "label": label, "class_name": manifest["labels"][label],
         "probs": [float(v) for v in p], "confidence": confidence,
         "entropy": predictive,
         "mutual_info": max(predictive - expected, 0.0) if len(p_s) > 1 else 0.0,
-        "abstain": threshold is None or confidence < threshold,
+        "abstain": threshold is None or confidence < threshold or inside is False,
+        "ood_score": score, "in_distribution": inside, "prediction_set": pset,
         "config_id": config["id"], "width": config["width"], "scope": config["scope"],
         "samples": config["samples"],
     }
@@ -118,8 +171,8 @@ def predict(bundle: str | Path, x: np.ndarray, config_id: str | None = None,
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
     config = choose(manifest, config_id)
-    z = logits(bundle, config, normalise(manifest, x), len(manifest["labels"]))
-    return answer(manifest, config, z, target)
+    z, features = logits(bundle, config, normalise(manifest, x), len(manifest["labels"]))
+    return answer(manifest, config, z, target, read_uncertainty(bundle, manifest), features)
 
 
 def main(argv: list[str]) -> int:

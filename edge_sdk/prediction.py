@@ -201,5 +201,11 @@ class BatchPrediction(Sequence):
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking container, like a list
 
+    def __add__(self, other):  # list + batch and batch + list, as with the list it was
+        return self._preds + list(other)
+
+    def __radd__(self, other):
+        return list(other) + self._preds
+
     def __repr__(self) -> str:
         return f"BatchPrediction(n={len(self._preds)}, labels={self.labels.tolist()!r})"

@@ -56,6 +56,7 @@ def _as_version_1(bundle: Path, dst: Path) -> Path:
     data = read_manifest(dst).to_dict()
     data["schema_version"] = 1
     del data["batch_dim"]
+    data.pop("uncertainty", None)  # schema version 5's; the file stays, unlisted
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     return dst
 

@@ -45,6 +45,13 @@ def _same(got: dict, want, atol: float = 1e-5) -> None:
     assert got["entropy"] == pytest.approx(want.entropy, abs=atol)
     assert got["mutual_info"] == pytest.approx(want.mutual_info, abs=atol)
     assert got["abstain"] == want.abstain
+    if want.ood_score is None:  # issue 33's fields
+        assert got["ood_score"] is None
+    else:
+        assert got["ood_score"] == pytest.approx(want.ood_score, abs=atol)
+        assert got["in_distribution"] == want.in_distribution
+    assert got["prediction_set"] == (None if want.prediction_set is None
+                                     else list(want.prediction_set))
     assert (got["width"], got["scope"], got["samples"]) == (want.width, want.scope, want.samples)
 
 

@@ -358,7 +358,9 @@ def test_abstain_follows_the_exported_threshold(bundle, manifest, xs, target):
         threshold = c.thresholds[key]
         for x in xs[::2]:
             p = m.predict(x, config_id=c.id)
-            assert p.abstain == (threshold is None or p.confidence < threshold), (c.id, threshold)
+            # issue 33's default rule: below the confidence threshold, or out of distribution
+            assert p.abstain == (threshold is None or p.confidence < threshold
+                                 or p.in_distribution is False), (c.id, threshold)
 
 
 def test_abstain_with_forced_thresholds(bundle, tmp_path, xs):
@@ -367,10 +369,11 @@ def test_abstain_with_forced_thresholds(bundle, tmp_path, xs):
     always = edge_sdk.load(forced, target_accuracy=0.99)
     at_one = edge_sdk.load(forced, target_accuracy=0.95)
     for x in xs[::4]:
-        assert not never.predict(x).abstain
+        p = never.predict(x)
+        assert p.abstain == (p.in_distribution is False)  # only an OOD input abstains
         assert always.predict(x).abstain
         p = at_one.predict(x)
-        assert p.abstain == (p.confidence < 1.0)
+        assert p.abstain == (p.confidence < 1.0 or p.in_distribution is False)
 
 
 def test_unknown_target_accuracy_names_the_available_ones(bundle):
@@ -506,8 +509,9 @@ def test_cascade_escalates_to_the_widest_when_always_unsure(forced, manifest, xs
 
 
 def test_cascade_stops_at_the_narrowest_when_sure(forced, manifest, xs):
+    # random inputs are out of distribution: only the confidence rule is under test here
     m = edge_sdk.load(forced, target_accuracy=0.9, policy="cascade",
-                      memory_reader=lambda: PLENTY_MB)
+                      memory_reader=lambda: PLENTY_MB, abstain_on_ood=False)
     best = edge_sdk.load(forced, memory_reader=lambda: PLENTY_MB).predict(xs[0]).config_id
     low, high = cascade_ladder(manifest, best)
     assert low.width < high.width

@@ -234,8 +234,12 @@ def test_the_reader_sees_the_tensors_the_interpreter_sees(bundle):
 
     for f in sorted(bundle.glob("*.tflite")):
         blob = f.read_bytes()
-        (x,), (y,) = read_io(blob, f.name)
+        (x,), outs = read_io(blob, f.name)
+        y = outs[0]
         it = Interpreter(model_content=blob, num_threads=1)
         assert list(x.shape) == list(it.get_input_details()[0]["shape"])
-        assert list(y.shape) == list(it.get_output_details()[0]["shape"])
+        # every output, in order: the logits, then (issue 33) the features
+        assert [list(o.shape) for o in outs] == \
+            [list(d["shape"]) for d in it.get_output_details()]
+        assert [o.index for o in outs] == [d["index"] for d in it.get_output_details()]
         assert x.index == it.get_input_details()[0]["index"]
