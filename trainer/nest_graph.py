@@ -27,6 +27,8 @@ _ADD = {operator.add, torch.add, operator.iadd}
 _CAT = {torch.cat, torch.concat}
 _FLATTEN = {torch.flatten, "flatten"}
 _PASS_MODULES = (nn.Flatten, nn.Identity, nn.Dropout)
+_RESHAPES = {"size", "view", "reshape", "permute", "transpose", "chunk", "split", "contiguous",
+             "layer_norm", "unflatten", "flatten_", "view_as", "expand"}
 SUPPORTED = ("Conv2d (plain or depthwise), BatchNorm2d after a conv, Linear, ReLU, ReLU6, "
              "Hardswish, SiLU, Sigmoid/Hardsigmoid gates (x * gate, squeeze-excitation), "
              "MaxPool2d / AvgPool2d (padded; max also ceil_mode), AdaptiveAvgPool2d(1), "
@@ -175,6 +177,7 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
     for node in gm.graph.nodes:
         if node in absorbed:
             continue
+        _refuse_reshape(node, modules)
         if node.op == "placeholder":
             if placeholder is not None:
                 raise fail(node, "the model must take exactly one input")
@@ -189,7 +192,9 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
                 plan.fixed[plan.root(s)] = "classifier (Bayesian, not nested)"
                 plan.classifier = src
         elif node.op == "get_attr":
-            raise fail(node, "reads a parameter or buffer in forward (not a layer)")
+            # refused where it is used: in a ConvNeXt block the layer scale is read before the
+            # permute that says more
+            env[node] = node
         elif node.op == "call_module" and isinstance(modules[node.target], (nn.Conv2d, nn.Linear)):
             if any(x.node.target == node.target for x in plan.blocks):
                 raise fail(node, "the layer is called twice (shared weights): each call would "
@@ -235,6 +240,8 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
 
 def _arg(node: fx.Node, env: dict, i: int = 0) -> list:
     a = node.args[i] if i < len(node.args) else None
+    if isinstance(a, fx.Node) and a.op == "get_attr":
+        raise fail(a, "reads a parameter or buffer in forward (not a layer)")
     if not isinstance(a, fx.Node) or a not in env:
         raise fail(node, f"argument {i} must be a tensor computed by the graph")
     return env[a]
@@ -298,6 +305,24 @@ def _function(node: fx.Node, env: dict, plan: Plan, relu6_nodes: set) -> list:
                      f"(supported: {SUPPORTED})")
 
 
+def _refuse_reshape(node: fx.Node, modules: dict) -> None:
+    """Shape reads and channel rearrangements, with the reason."""
+    if node.op in ("call_function", "call_method"):
+        fn = node.target
+        name = fn if isinstance(fn, str) else getattr(fn, "__name__", "")
+        if name in _RESHAPES:
+            raise fail(node, f"{name}: reading or rearranging a tensor's shape (size, view, "
+                             "reshape, permute, transpose, chunk, split) is not supported: a "
+                             "nested width keeps a prefix of every layer's channels, which a "
+                             "channel shuffle, attention or a LayerNorm over channels would "
+                             "scatter or mix")
+    elif node.op == "call_module" and isinstance(modules[node.target], (
+            nn.LayerNorm, nn.MultiheadAttention, nn.GroupNorm)):
+        raise fail(node, f"{type(modules[node.target]).__name__} is not supported: it mixes "
+                         "every channel of a position (or attends across positions), so a "
+                         "nested width's prefix of channels would change what it computes")
+
+
 def _check(node: fx.Node, spec, arg) -> None:
     """Run an exporter rule of trainer.nest_ops; its ValueError becomes a ConfigError here."""
     try:
@@ -311,6 +336,9 @@ def _gate(node: fx.Node, env: dict, plan: Plan) -> list:
     else (squeeze-excitation): the gate's layer joins x's space, so it keeps the channels x
     keeps (the gate follows its block), and it is not masked (x is)."""
     args = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+    for a in args:
+        if a.op == "get_attr":
+            raise fail(a, "reads a parameter or buffer in forward (not a layer)")
     if len(args) != 2 or any(a not in env for a in args):
         raise fail(node, "only x * gate of two tensors (a squeeze-excitation gate) is supported")
     segs = [env[a] for a in args]

@@ -70,10 +70,16 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
         raise ConfigError(f"residual must be 'inner' or 'stage', got {residual!r}")
     if not isinstance(groups, int) or groups < 1:
         raise ConfigError(f"groups must be an integer >= 1, got {groups!r}")
+    # traced in eval mode: the inference graph is what exports (torchvision's GoogLeNet returns
+    # its auxiliary logits only in training; stochastic depth freezes the mode it was traced in)
+    was = module.training
+    module.eval()
     try:
         gm = fx.symbolic_trace(module)
     except Exception as e:  # data-dependent control flow, unsupported Python constructs
         raise ConfigError(f"torch.fx cannot trace {type(module).__name__}: {e}") from None
+    finally:
+        module.train(was)
     plan = analyse(gm, residual, nest_stem)
     _drop_coarse_units(plan, groups, frozen)
     units: dict[int, DownhillOrdering] = {}

@@ -254,7 +254,8 @@ class _Unsupported(nn.Module):
 @pytest.mark.parametrize("net,kw,match", [
     (lambda: _Unsupported("tanh"), {}, r"fx node 'tanh' \(call_function tanh\): "
                                        "unsupported function tanh"),
-    (lambda: _Unsupported("view"), {}, r"fx node 'size' \(call_method size\): unsupported method"),
+    (lambda: _Unsupported("view"), {}, r"fx node 'size' \(call_method size\): size: reading or "
+                                     "rearranging a tensor's shape"),
     (lambda: _Unsupported("bn"), {}, r"fx node 'bn' .*standalone batch norm"),
     (lambda: _Unsupported("grouped"), {}, r"fx node 'group' .*grouped conv with groups=4"),
     (lambda: _Unsupported("shared"), {}, r"fx node 'group2_1' .*called twice"),

@@ -1,0 +1,122 @@
+"""Issue 35: a tiny representative of every layer kind torchvision's CNN families add, through
+nest -> truncate -> float TFLite -> interpreter, equal to torch's truncation at every width
+(1e-5 relative), and the freshly nested network at width 1.0 equal to the network it was made
+from. The kinds are torchvision's own blocks where they exist (MobileNetV3's InvertedResidual,
+EfficientNet's MBConv), so what passes here is what the full models are made of.
+benchmarks/any_cnn.py runs the full models (not in CI)."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from exporters.tflite import export_point_slice, lower_point_slice
+from support import randomise
+from test_lowering import rel, run_tflite, run_torch
+from trainer.nesting import nest
+
+torchvision = pytest.importorskip("torchvision")
+from torchvision.models import efficientnet as tv_eff  # noqa: E402
+from torchvision.models import mobilenetv3 as tv_mnv3  # noqa: E402
+from torchvision.ops.misc import Conv2dNormActivation  # noqa: E402
+
+torch.set_num_threads(1)
+WIDTHS = [0.25, 0.5, 1.0]
+
+
+def _head(channels: int) -> list:
+    return [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10)]
+
+
+def resnet_stem():
+    """ResNet's stem: 7x7 stride-2 conv (padding 3) and a padded max pool (3, 2, 1)."""
+    return nn.Sequential(nn.Conv2d(3, 32, 7, 2, 3, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1), nn.Conv2d(32, 32, 3, padding=1),
+                         nn.BatchNorm2d(32), nn.ReLU(), *_head(32))
+
+
+def ceil_pools():
+    """SqueezeNet / GoogLeNet's ceil_mode max pools (odd sizes: the ceil adds a window), a
+    padded ceil-mode pool and Inception's padded average pool (padded zeros counted)."""
+    return nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
+                         nn.Conv2d(32, 32, 1), nn.BatchNorm2d(32), nn.Hardswish(),
+                         nn.MaxPool2d(3, 1, 1, ceil_mode=True), nn.AvgPool2d(3, 1, 1),
+                         nn.Conv2d(32, 32, 1), nn.ReLU(), nn.MaxPool2d(2, 2, ceil_mode=True),
+                         *_head(32))
+
+
+def mnv3_blocks():
+    """MobileNetV3: Hardswish stem, an SE block with ReLU and one with Hardswish (hardsigmoid
+    gates), a residual block, a Hardswish hidden linear before the classifier."""
+    cfg = tv_mnv3.InvertedResidualConfig
+    norm = nn.BatchNorm2d
+    return nn.Sequential(
+        Conv2dNormActivation(3, 16, 3, 2, norm_layer=norm, activation_layer=nn.Hardswish),
+        tv_mnv3.InvertedResidual(cfg(16, 3, 64, 24, True, "RE", 1, 1, 1.0), norm),
+        tv_mnv3.InvertedResidual(cfg(24, 5, 96, 24, True, "HS", 1, 1, 1.0), norm),
+        tv_mnv3.InvertedResidual(cfg(24, 3, 64, 32, False, "HS", 2, 1, 1.0), norm),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 64), nn.Hardswish(),
+        nn.Dropout(0.2), nn.Linear(64, 10))
+
+
+def effnet_blocks():
+    """EfficientNet: SiLU everywhere, MBConv with sigmoid squeeze-excitation (4 and 6 squeeze
+    channels: 6 is not a multiple of 4 and stays full width) and stochastic depth."""
+    mb = tv_eff.MBConvConfig
+    norm = nn.BatchNorm2d
+    return nn.Sequential(
+        Conv2dNormActivation(3, 16, 3, 1, norm_layer=norm, activation_layer=nn.SiLU),
+        tv_eff.MBConv(mb(4, 3, 1, 16, 16, 1), 0.2, norm),
+        tv_eff.MBConv(mb(6, 3, 2, 16, 24, 1), 0.2, norm),
+        tv_eff.MBConv(mb(6, 5, 1, 24, 24, 1), 0.2, norm), *_head(24))
+
+
+CASES = {"resnet_stem": (resnet_stem, 17), "ceil_pools": (ceil_pools, 15),
+         "mnv3": (mnv3_blocks, 16), "effnet": (effnet_blocks, 12)}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    make, side = CASES[request.param]
+    torch.manual_seed(0)
+    source = make().double().eval()
+    randomise(source, 3)  # BN statistics far from their initial values
+    model = nest(source).double().eval()
+    return request.param, source, model, side
+
+
+def test_a_fresh_nest_at_width_one_is_the_source_network(case):
+    _, source, _, side = case
+    model = nest(source).double().eval()  # its own: the fixture's is randomised below
+    x = torch.randn(4, 3, side, side, dtype=torch.float64)
+    with torch.no_grad(), model.width(1.0):  # default arguments (scaled)
+        # nest's layers hold float32 copies of the source's weights: float32 rounding only
+        assert rel(model(x).numpy(), source(x).numpy()) <= 1e-6
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_width_exports_equal_to_the_torch_truncation(case, width):
+    name, _, model, side = case
+    model.set_rescale(True)  # the trained regime: keep probabilities fold into the slice
+    randomise(model, 4)
+    small = model.truncate(width).eval()
+    x = np.random.default_rng(1).standard_normal((3, side, side, 3)).astype(np.float32)
+    buf, _ = export_point_slice(small, (1, side, side, 3), weights="float")
+    assert rel(run_tflite(buf, x), run_torch(small, x)) <= 1e-5
+    if width < 1:
+        assert any(m.ordering is not None for m in model.bayes_layers())
+        graph, _, _ = lower_point_slice(small, (1, side, side, 3), "float")
+        full, _, _ = lower_point_slice(model.truncate(1.0).eval(), (1, side, side, 3), "float")
+        from edge_sdk.graph import graph_stats
+        assert graph_stats(graph)["macs"] < graph_stats(full)["macs"]
+
+
+def test_the_gate_follows_its_block_and_is_not_masked():
+    model = nest(mnv3_blocks())
+    dw = model.get_submodule("body.2.block.1.0")
+    fc2 = model.get_submodule("body.2.block.2.fc2")
+    assert dw.ordering is not None and fc2.ordering is dw.ordering  # SE follows its block
+    assert not fc2.apply_mask and dw.apply_mask and dw.forward_fold  # hardswish: folds forward
+    rows = {r["layer"]: r["ordering"] for r in model.nest_summary}
+    assert "squeeze-excitation gate" in rows["2.block.2.fc2"]
+    small = model.truncate(0.25)
+    assert small.get_submodule("body.2.block.2.fc2").out_channels == dw.out_channels // 4

@@ -1,0 +1,133 @@
+"""Issue 35's correctness fixes around ``trainer.nest`` and torchvision: a clean import in a fresh
+interpreter, ``torchvision.models:<name>`` as a factory (arguments matched to its signature, the
+stem rebuilt for other channel counts), one rule (and message) for a width below a layer's
+smallest group in training and export, and refusals at nest time naming the user's module."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from edge_sdk.errors import ConfigError
+from trainer.models import create_model
+from trainer.nesting import nest
+
+torchvision = pytest.importorskip("torchvision")
+ROOT = Path(__file__).resolve().parents[2]
+torch.set_num_threads(1)
+
+
+def test_trainer_nest_imports_cleanly_in_a_fresh_interpreter():
+    # the README's example, in a new process: trainer.nest_model <-> trainer.models was a cycle
+    # (torchvision left out: importing it takes most of the time, and the cycle is ours)
+    code = ("import trainer; from torch import nn; "
+            "m = trainer.nest(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), "
+            "nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))); "
+            "print(type(m).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "NestedGraphModel"
+
+
+def test_a_torchvision_factory_gets_the_arguments_its_signature_takes():
+    # resnet18(**kwargs) forwards to ResNet(num_classes=...): no in_channels, no input_size;
+    # a 1-channel data set rebuilds the stem conv
+    model = create_model("torchvision.models:resnet18", num_classes=7, in_channels=1,
+                         input_size=32)
+    stem = model.get_submodule("body.conv1")
+    assert stem.in_channels == 1 and stem.kernel_size == 7 and stem.stride == 2
+    with torch.no_grad():
+        assert model.eval()(torch.randn(2, 1, 32, 32)).shape == (2, 7)
+    with pytest.raises(ConfigError, match=r"calling it with \['depth', 'num_classes'\] failed"):
+        create_model("torchvision.models:resnet18", num_classes=7, in_channels=3,
+                     input_size=32, depth=3)
+    # too small an input is refused when the model is built, not after training
+    with pytest.raises(ConfigError, match=r"fails on a \[1, 3, 8, 8\] input"):
+        create_model("torchvision.models:squeezenet1_0", num_classes=10, in_channels=3,
+                     input_size=8)
+
+
+def _no_conv_stem(num_classes: int = 10):
+    return nn.Sequential(nn.BatchNorm2d(3), nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
+                         nn.LazyLinear(num_classes))
+
+
+def test_a_stem_that_cannot_be_rebuilt_names_the_option(monkeypatch):
+    import types
+
+    mod = types.ModuleType("issue35_nets")
+    mod.net = _no_conv_stem
+    monkeypatch.setitem(sys.modules, "issue35_nets", mod)
+    with pytest.raises(ConfigError, match=r"in_channels=1, but the factory takes no "
+                                          r"in_channels.*not read by one plain Conv2d"):
+        create_model("issue35_nets:net", num_classes=10, in_channels=1, input_size=8)
+
+
+def _small(channels: int = 16):
+    return nn.Sequential(nn.Conv2d(3, channels, 3), nn.BatchNorm2d(channels), nn.ReLU(),
+                         nn.Conv2d(channels, 32, 3), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def test_a_width_below_a_layers_groups_is_one_rule_naming_the_layer():
+    from exporters.export import snapped_widths
+
+    model = nest(_small(), groups=4, frozen=2)  # smallest width 0.5
+    with pytest.raises(ConfigError, match=r"layer 'body.3'.*below this layer's 2 frozen of 4 "
+                                          r"groups.*smallest width is 0.5") as train_err:
+        with model.width(0.25):  # what training and evaluation enter
+            pass
+    with pytest.raises(ConfigError) as export_err:
+        snapped_widths(model, [0.25], log=lambda _: None)
+    assert str(export_err.value) == str(train_err.value)
+
+
+def test_a_layer_too_narrow_to_split_stays_full_width_instead_of_raising_the_minimum():
+    # 8 channels make 2 groups of 4: nested, the model's smallest width would be 0.5
+    # (mnasnet0_5 refused 0.25 in training); it stays full width, 0.25 is reachable
+    model = nest(_small(8), nest_stem=True)
+    rows = {r["layer"]: r for r in model.nest_summary}
+    assert rows["0"]["groups"] == 0 and "only 2 group(s)" in rows["0"]["ordering"]
+    assert model.min_width() == 0.125
+    with model.width(0.25):
+        pass
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3)
+        self.blocks = nn.Sequential(torchvision.models.convnext.CNBlock(16, 0.0, 1e-6))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+class _Shuffle(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = torchvision.models.shufflenetv2.channel_shuffle(self.stem(x), 2)
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("net,match", [
+    (_Attention, r"in module 'blocks.0.block.1'.*permute.*prefix of every layer's channels"),
+    (_Shuffle, r"permute.*channel shuffle"),
+    (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                           nn.Flatten(), nn.Linear(32, 10)),
+     r"fx node '_2' \(call_module 2\): only global pooling, AdaptiveAvgPool2d\(1\), is exported"),
+    (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AvgPool2d(3, 2, ceil_mode=True),
+                           nn.Flatten(), nn.LazyLinear(10)),
+     r"average pooling with ceil_mode=True is not supported .*\(the exporter could not lower"),
+])
+def test_what_the_exporter_cannot_lower_is_refused_at_nest_time(net, match):
+    with pytest.raises(ConfigError, match=match):
+        nest(net())
