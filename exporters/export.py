@@ -320,8 +320,10 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
                                         features=opts.uncertainty)]
             unique = entropy = None
         else:
+            # features too, as the store layout's sample graphs have them (the runtime
+            # scores only point and head answers: a sample's features are not the bank's)
             blobs = [export_point_slice(make_slice(model, w, calib, s, device), shape,
-                                        opts.weights)
+                                        opts.weights, features=opts.uncertainty)
                      for s in samples]
             unique = entropy = None
         S = 1 if scope == "point" else opts.samples

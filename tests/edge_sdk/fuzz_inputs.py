@@ -77,6 +77,7 @@ def store_cases(data: dict, name: str, blob: bytes) -> list[Case]:
         d = pickle.loads(pickle.dumps(data))
         c = d["configurations"][0]
         c["materialize"] = [{"width": f"{c['width']:.2f}", "sample": None, "heads": 0}]
+        d.pop("uncertainty", None)
         d.update(schema_version=3, layout="store",
                  store={"name": "store.bin", "sha256": hashlib.sha256(store).hexdigest(),
                         "bytes": len(store)},

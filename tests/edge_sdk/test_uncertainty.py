@@ -1,0 +1,213 @@
+"""The OOD score and conformal sets a bundle ships (issue 33): edge_sdk.uncertainty and the
+runtime fields built on it. Torch-free, on the session's digits bundle (layout files, every
+scope, uncertainty.bin)."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import edge_sdk
+from edge_sdk import conformal, ood
+from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
+from edge_sdk.errors import BundleError, ChecksumMismatchError, ConfigError
+from edge_sdk.policy import Stage
+from edge_sdk.uncertainty import ALPHAS, FILE_NAME, Uncertainty, cascade_key, check_alpha
+
+
+def _inputs(m, n, seed=0):
+    lo, hi = m.manifest.input.value_range
+    rng = np.random.default_rng(seed)
+    return rng.uniform(lo, hi, (n, *m.manifest.input.shape[1:])).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def model(bundle):
+    return edge_sdk.load(bundle, profile=None)
+
+
+def test_the_bundle_lists_a_verified_uncertainty_file(bundle, model):
+    m = read_manifest(bundle)
+    assert m.schema_version == 5 and m.uncertainty is not None
+    assert m.uncertainty.name == FILE_NAME
+    assert (bundle / FILE_NAME).stat().st_size == m.uncertainty.bytes
+    unc = model.uncertainty
+    assert set(unc.quantiles) >= set(m.ids)  # every configuration has its quantiles
+    widths = {f"{c.width:.2f}" for c in m.configurations}
+    assert set(unc.widths) == widths
+
+
+def test_point_and_head_answers_carry_a_score_all_scope_only_a_set(model):
+    x = _inputs(model, 1)[0]
+    for c in model.manifest.configurations:
+        p = model.predict(x, config_id=c.id)
+        assert p.prediction_set is not None
+        assert list(p.prediction_set) == sorted(set(p.prediction_set))
+        assert all(0 <= k < len(model.manifest.labels) for k in p.prediction_set)
+        if c.scope == "all":
+            assert p.ood_score is None and p.in_distribution is None
+        else:
+            thr = model.uncertainty.widths[f"{c.width:.2f}"].threshold
+            assert isinstance(p.ood_score, float) and np.isfinite(p.ood_score)
+            assert p.in_distribution == (p.ood_score <= thr)
+
+
+def _features(model, cid, x):
+    """The slice's features output for one normalised sample, straight from the interpreter."""
+    (it, inp, _), = model._interpreters(model.manifest.configuration(cid))
+    it.set_tensor(inp, model._prepare(x))
+    it.invoke()
+    return it.get_tensor(it.get_output_details()[1]["index"]).copy()
+
+
+def test_the_score_is_the_reference_knn_score(model):
+    """Cross-check: the device's fast path == edge_sdk.ood.knn_score (float64) on the same
+    decoded bank and k."""
+    xs = _inputs(model, 6, seed=1)
+    for c in model.manifest.configurations:
+        if c.scope != "point":
+            continue
+        wk = f"{c.width:.2f}"
+        feats = np.concatenate([_features(model, c.id, x) for x in xs])
+        bank = model.uncertainty.widths[wk].bank.astype(np.float64)
+        ref = ood.knn_score(feats, bank, k=model.uncertainty.k)
+        fast = [model.uncertainty.score_one(wk, f) for f in feats]
+        batch = model.uncertainty.score(wk, feats)
+        assert np.allclose(fast, ref, atol=1e-5) and np.allclose(batch, ref, atol=1e-5)
+        got = [model.predict(x, config_id=c.id).ood_score for x in xs]
+        assert np.allclose(got, ref, atol=1e-5)
+
+
+def test_the_set_is_lac_at_the_calibrated_quantile_and_grows_as_alpha_shrinks(model):
+    xs = _inputs(model, 5, seed=2)
+    cid = model.manifest.ids[0]
+    for x in xs:
+        p = model.predict(x, config_id=cid)
+        q = model.uncertainty.qhat(cid, "lac", 0.1)
+        want = np.flatnonzero(conformal.prediction_sets(np.asarray([p.probs]), q)[0]).tolist()
+        assert list(p.prediction_set) == want
+        sets = [set(model.predict(x, config_id=cid, alpha=a).prediction_set)
+                for a in (0.05, 0.1, 0.2, 0.5)]
+        assert all(a >= b for a, b in zip(sets, sets[1:]))
+
+
+def test_an_alpha_between_grid_points_uses_the_grid_alpha_below_it(model):
+    cid = model.manifest.ids[0]
+    unc = model.uncertainty
+    assert unc.qhat(cid, "lac", 0.12) == unc.qhat(cid, "lac", 0.1)
+    assert unc.qhat(cid, "aps", 0.5) == unc.quantiles[cid]["aps"][ALPHAS.index(0.5)]
+
+
+def test_out_of_distribution_answers_abstain_unless_switched_off(bundle):
+    strict = edge_sdk.load(bundle, profile=None)
+    lenient = edge_sdk.load(bundle, profile=None, abstain_on_ood=False)
+    for m in (strict, lenient):
+        for st in m.uncertainty.widths.values():
+            st.threshold = -10.0  # scores are >= -1: nothing is in distribution
+    x = _inputs(strict, 1)[0]
+    cid = next(c.id for c in strict.manifest.configurations if c.scope == "point")
+    p = strict.predict(x, config_id=cid)
+    q = lenient.predict(x, config_id=cid)
+    assert p.in_distribution is False and p.abstain
+    thr = lenient.manifest.configuration(cid).thresholds[lenient._target_key]
+    assert q.abstain == (thr is None or q.confidence < thr)
+
+
+def test_predict_batch_returns_arrays_equal_to_the_predictions(model):
+    xs = _inputs(model, 7, seed=3)
+    cid = next(c.id for c in model.manifest.configurations if c.scope == "point")
+    b = model.predict_batch(xs, config_id=cid)
+    assert isinstance(b, edge_sdk.runtime.BatchPrediction) and len(b) == 7
+    assert b.probs.shape == (7, len(model.manifest.labels))
+    assert b.labels.tolist() == [p.label for p in b]
+    assert np.allclose(b.confidence, [p.confidence for p in b])
+    assert b.abstain.tolist() == [p.abstain for p in b]
+    assert np.allclose(b.ood_score, [p.ood_score for p in b])
+    assert b.in_distribution.tolist() == [p.in_distribution for p in b]
+    assert [tuple(np.flatnonzero(r)) for r in b.prediction_sets] == [p.prediction_set for p in b]
+    with pytest.raises(ValueError):
+        b.probs[0, 0] = 1.0  # read-only
+    assert b == list(b) and b[1:3] == list(b)[1:3]
+    singles = [model.predict(x, config_id=cid) for x in xs]  # batched invoke == single
+    assert np.allclose(b.ood_score, [p.ood_score for p in singles], atol=1e-5)
+
+
+def test_the_cascade_answers_with_its_plans_quantile(model):
+    cfgs = [c for c in model.manifest.configurations if c.scope == "point"]
+    a, b = cfgs[0], cfgs[-1]
+    stages = (Stage(a, 0.9, 1.0), Stage(b, None, 2.0))
+    key = cascade_key(a.id, b.id)
+    if key in model.uncertainty.quantiles:
+        assert model._set_key(stages, b, cut=False) == key
+        assert model._set_key(stages, a, cut=False) == key
+    assert model._set_key(stages, a, cut=True) == a.id  # cut short by the budget
+    assert model._set_key((Stage(a, None, 1.0),), a, cut=False) == a.id
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"alpha": 0.0}, "alpha must be"), ({"alpha": 1.5}, "alpha must be"),
+    ({"alpha": True}, "alpha must be"), ({"conformal": "thr"}, "conformal must be one of"),
+    ({"uncertainty": "yes"}, "uncertainty must be True or False"),
+    ({"abstain_on_ood": 1}, "abstain_on_ood must be True or False")])
+def test_bad_options_are_typed_errors(bundle, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        edge_sdk.load(bundle, profile=None, **kwargs)
+
+
+def test_a_bad_per_call_alpha_is_refused(model):
+    with pytest.raises(ConfigError, match="alpha must be"):
+        model.predict(_inputs(model, 1)[0], alpha=-0.1)
+    with pytest.raises(ConfigError, match="alpha must be"):
+        check_alpha("0.1")
+
+
+def test_uncertainty_false_answers_without_the_fields(bundle):
+    m = edge_sdk.load(bundle, profile=None, uncertainty=False)
+    p = m.predict(_inputs(m, 1)[0])
+    assert (p.ood_score, p.in_distribution, p.prediction_set) == (None, None, None)
+    assert m.uncertainty is None
+
+
+def test_a_modified_uncertainty_file_is_refused_at_load(bundle, tmp_path):
+    dst = tmp_path / "b"
+    shutil.copytree(bundle, dst)
+    blob = bytearray((dst / FILE_NAME).read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (dst / FILE_NAME).write_bytes(bytes(blob))
+    with pytest.raises(ChecksumMismatchError, match=FILE_NAME):
+        edge_sdk.load(dst, profile=None)
+
+
+def test_an_older_bundle_loads_with_no_score_and_no_set(bundle, tmp_path):
+    dst = tmp_path / "v4"
+    shutil.copytree(bundle, dst)
+    data = read_manifest(dst).to_dict()
+    data["schema_version"] = 4
+    del data["uncertainty"]
+    (dst / FILE_NAME).unlink()
+    (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
+    m = edge_sdk.load(dst, profile=None)
+    b = m.predict_batch(_inputs(m, 3))
+    assert all(p.ood_score is None and p.prediction_set is None for p in b)
+    assert b.ood_score is None and b.prediction_sets is None
+
+
+def test_a_version_4_manifest_cannot_list_an_uncertainty_file(bundle):
+    data = read_manifest(bundle).to_dict()
+    data["schema_version"] = 4
+    with pytest.raises(BundleError, match="uncertainty: needs schema version 5"):
+        Manifest.from_dict(data)
+
+
+def test_a_foreign_uncertainty_file_is_refused(model):
+    from edge_sdk.store import Store, encode_store
+
+    idx = dict(model.uncertainty.index, version=99)
+    with pytest.raises(BundleError, match="index version 99"):
+        Uncertainty.from_bytes(encode_store(Store(idx, {})))
+    idx = dict(model.uncertainty.index)
+    wk = next(iter(idx["widths"]))
+    arrays = {f"{w}/bank": np.zeros((2, 3), np.int8) for w in idx["widths"]}
+    with pytest.raises(BundleError, match=f"widths.{wk}: bank must be int8"):
+        Uncertainty.from_bytes(encode_store(Store(idx, arrays)))
