@@ -10,7 +10,9 @@ training images), each slice exported on the float route and run by the interpre
 (LiteRT here; ``--tflite-runtime VENV/bin/python`` re-runs every file on tflite-runtime 2.14).
 
 Columns: nested (or the refusal, first line), fidelity = the largest over widths of
-max |TFLite - torch truncation| / max |torch truncation| on 32 test inputs (float route),
+max |TFLite - torch truncation| / max |torch truncation| on 32 test inputs (float route; the
+reference is the slice in float64), torch f32 = the same for torch's own float32 run (the
+slice's conditioning: TFLite cannot be expected below it),
 width1 = the same for the freshly nested network at width 1.0 against the source network
 (before training, default arguments), MACs counted from each slice's graph (and the ratio to
 width 1), seconds for the whole row.
@@ -130,11 +132,14 @@ def row(name: str, args) -> dict:
         out["loss"] = float(loss)
     calib = [(x[i:i + 64], y[i:i + 64]) for i in range(0, min(256, len(x)), 64)]
     xn = xt.permute(0, 2, 3, 1).numpy().astype(np.float32).copy()
-    fid, fid214, macs = 0.0, 0.0, {}
+    fid, fid214, floor, macs = 0.0, 0.0, 0.0, {}
     for w in WIDTHS:
         sl = make_slice(model, w, calib).double().eval()
         with torch.no_grad():
             ref = sl(torch.from_numpy(xn).double().permute(0, 3, 1, 2)).numpy()
+            # torch's own float32 against float64: how well-conditioned the slice is
+            floor = max(floor, rel(sl.float()(torch.from_numpy(xn).permute(0, 3, 1, 2))
+                                   .numpy(), ref))
         shape = (1, size, size, 3)
         buf, _ = export_point_slice(sl.float(), shape, weights="float")
         fid = max(fid, rel(run_interpreter(buf, xn), ref))
@@ -142,7 +147,7 @@ def row(name: str, args) -> dict:
             fid214 = max(fid214, rel(run_214(args.tflite_runtime, buf, xn), ref))
         graph, _, _ = lower_point_slice(sl.float(), shape, "float")
         macs[w] = graph_stats(graph)["macs"]
-    out.update(nested="yes", fidelity=fid, macs=macs, seconds=time.time() - t0)
+    out.update(nested="yes", fidelity=fid, floor=floor, macs=macs, seconds=time.time() - t0)
     if args.tflite_runtime:
         out["fidelity_214"] = fid214
     return out
@@ -159,10 +164,10 @@ def main() -> None:
                    help="a Python with tflite-runtime 2.14: every slice runs there too")
     args = p.parse_args()
     torch.set_num_threads(2)
-    print(f"| model | nested | width-1.0 vs source | fidelity (max over widths) "
+    print(f"| model | nested | width-1.0 vs source | fidelity (max over widths) | torch f32 "
           f"{'| on 2.14 ' if args.tflite_runtime else ''}| MACs 0.25 | 0.5 | 1 | "
           "0.25 / 1 | s |")
-    print("|---" * (9 + bool(args.tflite_runtime)) + "|")
+    print("|---" * (10 + bool(args.tflite_runtime)) + "|")
     for name in args.models:
         try:
             r = row(name, args)
@@ -171,7 +176,8 @@ def main() -> None:
                  "seconds": 0.0}
         m = r.get("macs") or {}
         cells = [r["model"], r["nested"], f"{r['width1']:.1e}" if "width1" in r else "-",
-                 f"{r['fidelity']:.1e}" if "fidelity" in r else "-"]
+                 f"{r['fidelity']:.1e}" if "fidelity" in r else "-",
+                 f"{r['floor']:.1e}" if "floor" in r else "-"]
         if args.tflite_runtime:
             cells.append(f"{r['fidelity_214']:.1e}" if "fidelity_214" in r else "-")
         cells += [f"{m[w] / 1e6:.1f} M" if w in m else "-" for w in WIDTHS]

@@ -55,6 +55,11 @@ OPS: dict[str, dict[str, Any]] = {
     "MUL": {"activation": None, "scalar": None},
     "LOGISTIC": {}, "HARD_SWISH": {},
     "PADV2": {"paddings": None, "value": 0.0},  # PAD with ``value`` (max pooling's padding)
+    # a box of a constant (size -1: to the end): one group's filter rows and bias
+    "SLICE": {"begin": None, "size": None},
+    # the ``indices`` along ``axis``: one group's input channels (SLICE of a value whose batch
+    # is resized fails in TFLite: its output keeps the recorded shape)
+    "GATHER": {"axis": 0, "indices": None},
 }
 #: ops whose option ``scalar`` replaces their second input (a float32 [1] constant in the file)
 SCALAR_OPS = ("ADD", "MUL")
@@ -419,6 +424,29 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
                               f"[before, after] pairs, got {opt['paddings']}")
         return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
+    if op == "GATHER":
+        shape = _need(x, f"{what} input")
+        axis = opt["axis"]
+        idx = np.asarray(opt["indices"] if opt["indices"] is not None else [], dtype=np.int64)
+        if not isinstance(axis, int) or not 0 <= axis < len(shape) or idx.ndim != 1 or \
+                not idx.size or (idx < 0).any() or (idx >= shape[axis]).any():
+            raise ConfigError(f"{what}: indices must be a non-empty vector within dimension "
+                              f"{axis} of {list(shape)}")
+        return (*shape[:axis], int(idx.size), *shape[axis + 1:]), "float32"
+    if op == "SLICE":
+        shape = _need(x, f"{what} input")
+        try:
+            begin, size = [int(v) for v in opt["begin"]], [int(v) for v in opt["size"]]
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what}: begin and size must be lists of ints, got "
+                              f"{opt['begin']!r} and {opt['size']!r}") from None
+        if len(begin) != len(shape) or len(size) != len(shape):
+            raise ConfigError(f"{what}: begin and size need {len(shape)} entries each")
+        out = tuple(d - b if n == -1 else n for d, b, n in zip(shape, begin, size))
+        if any(b < 0 or n < -1 or n == 0 or b + o > d
+               for d, b, n, o in zip(shape, begin, size, out)) or min(out) <= 0:
+            raise ConfigError(f"{what}: begin {begin} size {size} is outside {list(shape)}")
+        return out, "float32"
     if op == "DEQUANTIZE":
         if x is None or x.dtype != "int8" or x.quant is None:
             raise ConfigError(f"{what}: the input must be a quantized int8 constant")

@@ -73,11 +73,13 @@ _OPTION_FIELDS = {
     "PAD": ("PadOptions", set()),
     "PADV2": ("PadV2Options", set()),
     "MUL": ("MulOptions", {0}),
+    "GATHER": ("GatherOptions", {0}),
     "DEQUANTIZE": ("DequantizeOptions", set()),
     "SOFTMAX": ("SoftmaxOptions", {0}),
 }
 # ops whose second input is an int32 operand the writer makes from an option
-_OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes"}
+_OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
+             "SLICE": "begin", "GATHER": "indices"}
 
 
 def _enum(value: int, table: dict, what: str, flat: Flat):
@@ -121,6 +123,11 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
                 "activation": act(5)}
     if op in ("FULLY_CONNECTED", "ADD", "MUL"):
         return {"activation": act(0)}
+    if op == "GATHER":
+        axis = t.scalar(0, "<i", 0)
+        if not 0 <= axis < _MAX_RANK:
+            raise flat.bad(f"{where}: gather axis {axis}, expected 0..{_MAX_RANK - 1}")
+        return {"axis": axis}
     if op == "CONCATENATION":
         return {"axis": t.scalar(0, "<i", 0), "activation": act(1)}
     if op == "MEAN":
@@ -299,8 +306,8 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
              operand_of: dict, flat: Flat, where: str) -> list:
     """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
     it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
-    # PADV2 has a third input, its pad value (a float32 constant the description keeps)
-    arity = 3 if op == "PADV2" else 2
+    # PADV2 has a third input, its pad value; SLICE's third is its size
+    arity = 3 if op in ("PADV2", "SLICE") else 2
     if len(ins) != arity or ins[1] is None or ins[1] not in weights:
         raise flat.bad(f"{where}: expected [input, int32 constant operand"
                        f"{', pad value' if arity == 3 else ''}], got {ins}")
@@ -317,8 +324,17 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
             raise flat.bad(f"{where}: shape operand {value.tolist()} and new_shape "
                            f"{options['shape']} disagree")
         options["shape"] = value.tolist()
-    elif op == "PAD":
+    elif op in ("PAD", "GATHER"):
         options[key] = value.tolist()
+    elif op == "SLICE":
+        size = ins[2]
+        t2 = next((t for t, _ in tensors if t.name == size), None)
+        if t2 is None or size not in weights or t2.dtype != "int32" or size in operand_of \
+                or value.ndim != 1 or weights[size].shape != value.shape:
+            raise flat.bad(f"{where}: begin and size must be int32 vectors of one length, used "
+                           "once")
+        operand_of[size] = where
+        options["begin"], options["size"] = value.tolist(), weights[size].tolist()
     elif op == "PADV2":
         options[key] = value.tolist()
         options["value"] = _scalar_operand(ins[2], weights, tensors, operand_of, flat, where)

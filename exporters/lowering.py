@@ -239,21 +239,24 @@ class _Lowering:
         if channels != layer.in_channels:
             raise self.fail(node, f"{node.target} expects {layer.in_channels} input channels, "
                                   f"the graph has {channels}")
-        k, s, p = layer.kernel_size, layer.stride, layer.padding
+        k, s, p = (_pair(v) for v in (layer.kernel_size, layer.stride, layer.padding))
         name = node.target
-        if p == 0:
+        if p == (0, 0):
             padding = "VALID"
-        elif s == 1 and 2 * p == k - 1:
+        elif s == (1, 1) and all(2 * pp == kk - 1 for pp, kk in zip(p, k)):
             padding = "SAME"  # stride 1, odd k: TFLite pads (k-1)/2 on both sides, as torch does
         else:
             # (issue) TFLite SAME at stride 2 pads asymmetrically (the extra row goes at the
             # bottom/right), torch pads p on both sides: a silent ~3 % logit error. PAD + VALID.
-            x = self.g.pad(x, [(0, 0), (p, p), (p, p), (0, 0)], name=f"{name}/pad")
+            x = self.g.pad(x, [(0, 0), (p[0], p[0]), (p[1], p[1]), (0, 0)], name=f"{name}/pad")
             padding = "VALID"
+        s = s[0] if s[0] == s[1] else list(s)
         fused, out = _fusable(layer.activation), name
         if not fused:
             name = f"{name}/linear"
-        if layer.depthwise:
+        if getattr(layer, "grouped", False):
+            y = self.grouped_conv(node, x, layer, s, padding, fused, name)
+        elif layer.depthwise:
             wt, bt = self._weight(node, layer, "depthwise")
             y = self.g.depthwise_conv2d(x, wt, bt, stride=s, padding=padding,
                                         activation=layer.activation if fused else None,
@@ -263,6 +266,33 @@ class _Lowering:
             y = self.g.conv2d(x, wt, bt, stride=s, padding=padding,
                               activation=layer.activation if fused else None, name=name)
         return y if fused else self.activation(y, layer.activation, self.g.unique(out))
+
+    def grouped_conv(self, node: fx.Node, x: str, layer: BayesNestedConv2d, s, padding: str,
+                     fused: bool, name: str) -> str:
+        """A grouped conv as GATHER + CONV_2D per group + CONCATENATION: TFLite's CONV_2D reads
+        every input channel (tflite-runtime 2.14 has no grouped kernel outside XNNPACK), so
+        each group gathers its input channels and SLICEs its filter rows and bias from the one
+        filter constant (the weight store fills that one constant, as for any conv)."""
+        wt, bt = self._weight(node, layer, "conv")  # [O, kh, kw, I / groups]
+        if self.g.dtype(wt) != np.float32:
+            raise self.fail(node, "a grouped conv has no hybrid (int8 filter) route; export "
+                                  "with weights dequantize or float")
+        n, kh, kw, c = self.g.shape(wt)
+        groups = layer.conv_groups
+        per_out = n // groups
+        act = layer.activation if fused else None
+        outs = []
+        for i in range(groups):
+            # GATHER, not SLICE: TFLite's SLICE keeps its recorded output shape when the
+            # batch is resized (a wrong-size error on LiteRT, a crash on tflite-runtime 2.14)
+            xi = self.g.op("GATHER", [x], f"{name}/g{i}/x", axis=3,
+                           indices=list(range(i * c, (i + 1) * c)))
+            wi = self.g.op("SLICE", [wt], f"{name}/g{i}/w", begin=[i * per_out, 0, 0, 0],
+                           size=[per_out, kh, kw, c])
+            bi = self.g.op("SLICE", [bt], f"{name}/g{i}/b", begin=[i * per_out], size=[per_out])
+            outs.append(self.g.conv2d(xi, wi, bi, stride=s, padding=padding, activation=act,
+                                      name=f"{name}/g{i}"))
+        return self.g.concatenation(outs, 3, name=name)
 
     def linear(self, node: fx.Node, x: _V, layer: BayesNestedLinear) -> str:
         shape = self.g.shape(x.name)
@@ -387,6 +417,10 @@ class _Lowering:
 class _Quant:
     scale: np.ndarray
     axis: int
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 def _fusable(act: str | None) -> bool:

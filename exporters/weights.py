@@ -88,8 +88,11 @@ def prepare_weights(model: NestedModel, weights: str = "dequantize",
             else:
                 quant = quantize_per_channel(w, 0)
         route = "float" if quant is None else weights
-        if route == "hybrid" and getattr(layer, "depthwise", False):
-            route = "dequantize"  # no hybrid depthwise kernel is emitted (exporters.lowering)
+        if route == "hybrid" and (getattr(layer, "depthwise", False) or
+                                  getattr(layer, "grouped", False)):
+            # no hybrid depthwise kernel is emitted, and a grouped conv slices its float filter
+            # per group (exporters.lowering)
+            route = "dequantize"
         out[name] = LayerWeights(name, w, b, fs, quant, route)
     return out
 

@@ -299,40 +299,55 @@ class BayesNestedLayer(nn.Module):
 
 class BayesNestedConv2d(BayesNestedLayer):
     """Bayesian conv block with nested output channels (App. 8.1). ``depthwise=True`` makes a
-    depthwise conv whose input channels are its output channels."""
+    depthwise conv whose input channels are its output channels. ``groups`` > 1 (trainer.nest,
+    issue 35: ResNeXt, RegNet) is a grouped conv with in == out channels that is cut by whole
+    groups: its kept outputs are the first groups, which read the first input groups.
+    ``kernel_size`` / ``stride`` / ``padding`` may be (h, w) pairs (Inception's 1x7, 7x1)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
-                 padding: int | None = None, *, depthwise: bool = False,
+    def __init__(self, in_channels: int, out_channels: int, kernel_size=3, stride=1,
+                 padding=None, *, depthwise: bool = False, groups: int = 1,
                  ordering: DownhillOrdering | None = None, apply_mask: bool = True,
                  batch_norm: bool = True, activation: str | None = "relu",
                  log_alpha_init: float = -4.0):
         if depthwise and in_channels != out_channels:
             raise ConfigError("a depthwise conv needs in_channels == out_channels, got "
                               f"{in_channels} and {out_channels}")
+        if groups > 1 and (depthwise or in_channels != out_channels or in_channels % groups):
+            raise ConfigError(f"a grouped conv needs in == out channels divisible by groups="
+                              f"{groups}, got {in_channels} -> {out_channels}")
         self.in_channels = in_channels
         self.kernel_size, self.stride = kernel_size, stride
-        self.padding = kernel_size // 2 if padding is None else padding
+        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+        self.padding = (kh // 2 if kh == kw else (kh // 2, kw // 2)) if padding is None \
+            else padding
         self.depthwise = depthwise
-        shape = (out_channels, 1 if depthwise else in_channels, kernel_size, kernel_size)
+        self.group_size = in_channels // groups  # channels per group (inputs and outputs)
+        self.grouped = groups > 1  # its input channels follow its output groups
+        shape = (out_channels, 1 if depthwise else in_channels // groups, kh, kw)
         super().__init__(shape, out_channels, ordering=ordering, apply_mask=apply_mask,
                          batch_norm="2d" if batch_norm else None, activation=activation,
                          bias=not batch_norm, log_alpha_init=log_alpha_init)
 
     @property
     def conv_groups(self) -> int:
-        return self.out_channels if self.depthwise else 1
+        if self.depthwise:
+            return self.out_channels
+        return self.out_channels // self.group_size if self.grouped else 1
 
     def _op(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # depthwise: one group per computed channel (fewer under a fixed narrow width)
-        groups = weight.shape[0] if self.depthwise else 1
+        # depthwise / grouped: one group per computed group of outputs (fewer under a fixed
+        # narrow width, which keeps whole groups)
+        groups = weight.shape[0] if self.depthwise else \
+            weight.shape[0] // self.group_size if self.grouped else 1
         return F.conv2d(x, weight, None, self.stride, self.padding, 1, groups)
 
     def _input_slice(self, in_keep: int | None) -> slice:
-        # A depthwise kernel has one input channel per output channel: nothing to slice on dim 1.
-        return slice(None) if self.depthwise else super()._input_slice(in_keep)
+        # A depthwise / grouped kernel's inputs are its own group's: nothing to slice on dim 1.
+        return slice(None) if self.depthwise or self.grouped else \
+            super()._input_slice(in_keep)
 
     def _after_truncate(self, out_keep: int | None, in_keep: int | None) -> None:
-        if self.depthwise:
+        if self.depthwise or self.grouped:
             self.in_channels = self.out_channels
         elif in_keep is not None:
             self.in_channels = in_keep

@@ -83,6 +83,7 @@ class Plan:
         self.nested: set[int] = set()
         self.residual = "inner"
         self.classifier: Block | None = None  # the block producing the output
+        self.divides: dict[int, list] = {}  # space -> grouped convs' groups (unit g | each)
 
     def new_space(self) -> int:
         s = len(self.parent)
@@ -99,6 +100,10 @@ class Plan:
         ra, rb = self.root(a), self.root(b)
         self.parent[max(ra, rb)] = min(ra, rb)
         return min(ra, rb)
+
+    def divides_of(self, r: int) -> list:
+        """The conv group counts a unit of space ``r`` must divide."""
+        return [g for s, gs in self.divides.items() if self.root(s) == r for g in gs]
 
     def unit_of(self, b: Block) -> int | None:
         r = self.root(b.out_space)
@@ -119,6 +124,7 @@ class Plan:
             return f"full width: {why}"
         users = [x for x in self.blocks if self.unit_of(x) == r]
         how = "follows its input's unit" if b.kind == "depthwise" else (
+            "follows its input's unit by whole groups" if b.kind == "grouped" else
             f"shared by {len(users)} summed layers" if r in self.added else
             f"shared by {len(users)} layers" if len(users) > 1 else "own unit")
         extra = ", squeeze-excitation gate (unmasked)" if b.gate else \
@@ -139,16 +145,16 @@ def _make_block(node: fx.Node, m: nn.Module, modules: dict) -> Block:
         if m.padding_mode != "zeros" or isinstance(m.padding, str):
             raise fail(node, f"only numeric zero padding is supported, got padding={m.padding!r}"
                              f" padding_mode={m.padding_mode!r}")
-        if len(set(m.kernel_size)) > 1 or len(set(m.stride)) > 1 or len(set(m.padding)) > 1:
-            raise fail(node, "only square kernels, strides and paddings are supported")
         if m.dilation != (1, 1):
             raise fail(node, f"dilation {m.dilation} is not supported")
         depthwise = m.groups > 1 and m.groups == m.in_channels == m.out_channels
-        if m.groups > 1 and not depthwise:
+        if m.groups > 1 and not depthwise and m.in_channels != m.out_channels:
             raise fail(node, f"grouped conv with groups={m.groups} ({m.in_channels} -> "
-                             f"{m.out_channels}) is not supported: only depthwise (groups == in "
-                             "== out channels) or groups=1")
-        b = Block(node, m, "depthwise" if depthwise else "conv", m.out_channels)
+                             f"{m.out_channels}) is not supported: a grouped conv is nested by "
+                             "whole groups, following its input, so it needs in == out "
+                             "channels (depthwise, or groups=1, otherwise)")
+        kind = "depthwise" if depthwise else "grouped" if m.groups > 1 else "conv"
+        b = Block(node, m, kind, m.out_channels)
         user = _only_user(node)
         if user is not None and user.op == "call_module" and \
                 isinstance(modules[user.target], nn.BatchNorm2d):
@@ -202,10 +208,12 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
             b = _make_block(node, modules[node.target], modules)
             absorbed.update(b.absorbed)
             b.inputs = _arg(node, env)
-            if b.kind == "depthwise":
+            if b.kind in ("depthwise", "grouped"):
                 if len(b.inputs) != 1:
-                    raise fail(node, "a depthwise conv of a concatenation is not supported")
+                    raise fail(node, f"a {b.kind} conv of a concatenation is not supported")
                 b.out_space = b.inputs[0][0]  # follows its input's unit
+                if b.kind == "grouped":  # the unit's groups must cut whole conv groups
+                    plan.divides.setdefault(b.out_space, []).append(b.module.groups)
             else:
                 b.out_space = plan.new_space()
                 if any(s == placeholder for s, _, _ in b.inputs) and not nest_stem:
@@ -428,8 +436,8 @@ def _decide(plan: Plan, residual: str) -> None:
     for b in plan.blocks:
         user = _only_user(b.last)
         dw = next((x for x in plan.blocks if x.node is user), None)
-        if b.kind != "depthwise" and plan.unit_of(b) is not None and dw is not None \
-                and dw.kind == "depthwise":
+        if b.kind not in ("depthwise", "grouped") and plan.unit_of(b) is not None and \
+                dw is not None and dw.kind in ("depthwise", "grouped"):
             b.apply_mask = False  # masked once, after the depthwise block (exact: see nest)
         if b.gate:
             b.apply_mask = False  # the gated value is masked; the gate multiplies it
@@ -440,13 +448,17 @@ def _decide(plan: Plan, residual: str) -> None:
 def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
     """Every path from a masked ReLU6 output must reach a conv / depthwise / linear layer through
     ops that commute with a positive per-channel scale; the rescale folds into its inputs."""
-    heads = {b.node for b in plan.blocks}
+    heads = {b.node: b for b in plan.blocks}
     for b in plan.blocks:
         if not b.forward_fold:
             continue
         todo, seen = list(b.last.users), set()
         while todo:
             n = todo.pop()
+            if n in heads and heads[n].kind == "grouped":
+                raise fail(n, f"the keep-probability rescale of the masked {b.activation} layer "
+                              f"{b.node.name!r} would fold into this grouped conv's inputs, "
+                              "which is not implemented; use ReLU before a grouped conv")
             if n in seen or n in heads:
                 continue  # a layer: the scale folds into its input weights
             seen.add(n)

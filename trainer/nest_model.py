@@ -120,8 +120,8 @@ class NestedGraphModel(NestedModel):
                 if layer.apply_mask and not getattr(layer, "forward_fold", False):
                     scale = keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size)
             ranges, in_scale = _input_plan(layer, kept, keep_prob)
-            if getattr(layer, "depthwise", False):
-                ranges = None  # its input channels are its outputs (cut with them)
+            if getattr(layer, "depthwise", False) or getattr(layer, "grouped", False):
+                ranges = None  # its input channels follow its outputs (cut with them)
             plan[name] = LayerCut(out_keep, ranges, scale, in_scale)
         return plan
 

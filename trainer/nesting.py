@@ -47,13 +47,15 @@ from trainer.ordering import DownhillOrdering
 __all__ = ["nest", "pick_groups"]
 
 
-def pick_groups(channels: int, groups: int, where: str = "layer") -> int:
-    """The largest g <= ``groups`` with ``channels % (4 g) == 0`` (each group a multiple of 4)."""
+def pick_groups(channels: int, groups: int, where: str = "layer", divides=()) -> int:
+    """The largest g <= ``groups`` with ``channels % (4 g) == 0`` (each group a multiple of 4)
+    that divides every grouped conv's group count in ``divides`` (a width then keeps whole
+    conv groups: ResNeXt's 32, RegNet's channels / 16 or / 8)."""
     if channels % 4:
         raise ConfigError(f"{where}: {channels} output channels cannot be nested: each ordering "
                           "group must hold a multiple of 4 channels")
     g = min(groups, channels // 4)
-    while channels % (4 * g):
+    while channels % (4 * g) or any(d % g for d in divides):
         g -= 1
     return g
 
@@ -90,7 +92,8 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
         root = plan.unit_of(b)
         if root is not None:
             if root not in units:
-                g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}")
+                g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}",
+                                plan.divides_of(root))
                 units[root] = DownhillOrdering(g, min(frozen, g), prior_pi, init_mubar)
             unit = units[root]
         layer = _build(b, unit, plan, units, log_alpha_init)
@@ -123,8 +126,12 @@ def _build(b: Block, unit, plan: Plan, units: dict, log_alpha_init: float) -> nn
                            log_alpha_init=log_alpha_init)
         spatial = _spatial(b, segments)
     else:
-        layer = NestConv2d(m.in_channels, m.out_channels, m.kernel_size[0], m.stride[0],
-                           m.padding[0], depthwise=b.kind == "depthwise", ordering=unit,
+        # square windows stay ints (what the built-in models and their exports always had)
+        sq = [v[0] if len(set(v)) == 1 else tuple(v) for v in (m.kernel_size, m.stride,
+                                                                m.padding)]
+        layer = NestConv2d(m.in_channels, m.out_channels, *sq,
+                           depthwise=b.kind == "depthwise",
+                           groups=m.groups if b.kind == "grouped" else 1, ordering=unit,
                            apply_mask=b.apply_mask, batch_norm=b.bn is not None,
                            activation=None, log_alpha_init=log_alpha_init)
         spatial = 1
@@ -162,11 +169,13 @@ def _drop_coarse_units(plan: Plan, groups: int, frozen: int) -> None:
     alike (issue 35)."""
     for r in sorted(plan.nested):
         b = next(x for x in plan.blocks if plan.root(x.out_space) == r)
-        g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}")
+        g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}",
+                        plan.divides_of(r))
         if g < min(groups, 4) and min(frozen, g) / g > min(frozen, groups) / groups:
             plan.nested.discard(r)
-            plan.fixed[r] = (f"{b.out_channels} channels make only {g} group(s) of 4: nesting "
-                             f"would raise the smallest width to {min(frozen, g) / g:.3g}")
+            whole = f" whole conv groups of {plan.divides_of(r)}" if plan.divides_of(r) else ""
+            plan.fixed[r] = (f"{b.out_channels} channels make only {g} group(s) of 4{whole}: "
+                             f"nesting would raise the smallest width to {min(frozen, g) / g:.3g}")
             for x in plan.blocks:
                 if plan.root(x.out_space) == r:
                     x.forward_fold = False

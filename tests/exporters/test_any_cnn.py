@@ -70,8 +70,50 @@ def effnet_blocks():
         tv_eff.MBConv(mb(6, 5, 1, 24, 24, 1), 0.2, norm), *_head(24))
 
 
+def grouped_blocks():
+    """ResNeXt / RegNet: 1x1 -> grouped 3x3 (8 groups of 4, a stride-2 one) -> 1x1, residual;
+    nested by whole groups (the unit's groups divide the conv's)."""
+    tv = torchvision.models.resnet
+    down = nn.Sequential(nn.Conv2d(16, 64, 1, 2, bias=False), nn.BatchNorm2d(64))
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         tv.Bottleneck(16, 16, 2, down, groups=8, base_width=16),
+                         tv.Bottleneck(64, 16, 1, None, groups=8, base_width=16), *_head(64))
+
+
+def inception_like():
+    """Inception v3: factorised 1x7 / 7x1 and 1x3 / 3x1 kernels (non-square padding) in
+    concatenated branches, a padded average pool branch."""
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            B = torchvision.models.inception.BasicConv2d
+            self.b1 = B(16, 16, kernel_size=1)
+            self.b7 = nn.Sequential(B(16, 16, kernel_size=1),
+                                    B(16, 16, kernel_size=(1, 7), padding=(0, 3)),
+                                    B(16, 24, kernel_size=(7, 1), padding=(3, 0)))
+            self.b3 = B(16, 16, kernel_size=(3, 1), padding=(1, 0), stride=(2, 1))
+            self.pool = B(16, 8, kernel_size=1)
+
+        def forward(self, x):
+            pooled = self.pool(torch.nn.functional.avg_pool2d(x, 3, 1, 1))
+            return torch.cat([self.b1(x), self.b7(x), pooled], 1), self.b3(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torchvision.models.inception.BasicConv2d(3, 16, kernel_size=3)
+            self.mixed = Mixed()
+            self.fc = nn.Linear(48 + 16, 10)
+
+        def forward(self, x):
+            a, b = self.mixed(self.stem(x))
+            return self.fc(torch.cat([a.mean((2, 3)), b.mean((2, 3))], 1))
+    return Net()
+
+
 CASES = {"resnet_stem": (resnet_stem, 17), "ceil_pools": (ceil_pools, 15),
-         "mnv3": (mnv3_blocks, 16), "effnet": (effnet_blocks, 12)}
+         "mnv3": (mnv3_blocks, 16), "effnet": (effnet_blocks, 12),
+         "grouped": (grouped_blocks, 10), "inception": (inception_like, 11)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -234,7 +234,7 @@ class _Unsupported(nn.Module):
         self.what = what
         self.conv = nn.Conv2d(3, 16, 3)
         self.bn = nn.BatchNorm2d(16)
-        self.group = nn.Conv2d(16, 16, 3, groups=4)
+        self.group = nn.Conv2d(16, 32, 3, groups=4)  # in != out: cannot follow its input
         self.group2 = nn.Conv2d(16, 16, 1)
         self.fc = nn.Linear(16 * 36, 10)
 
@@ -245,7 +245,7 @@ class _Unsupported(nn.Module):
         elif self.what == "bn":
             y = self.bn(F.relu(y))
         elif self.what == "grouped":
-            return self.fc(self.group(y).mean((2, 3)).repeat(1, 36))
+            return self.fc(self.group(y).mean((2, 3)).repeat(1, 18))
         elif self.what == "shared":
             y = self.group2(self.group2(F.relu(y)))
         return self.fc(y.view(y.size(0), -1))
@@ -257,7 +257,7 @@ class _Unsupported(nn.Module):
     (lambda: _Unsupported("view"), {}, r"fx node 'size' \(call_method size\): size: reading or "
                                      "rearranging a tensor's shape"),
     (lambda: _Unsupported("bn"), {}, r"fx node 'bn' .*standalone batch norm"),
-    (lambda: _Unsupported("grouped"), {}, r"fx node 'group' .*grouped conv with groups=4"),
+    (lambda: _Unsupported("grouped"), {}, r"fx node 'group' .*grouped conv with groups=4 \(16 -> 32\).*in == out"),
     (lambda: _Unsupported("shared"), {}, r"fx node 'group2_1' .*called twice"),
     # a node inside a submodule names the user's module path
     (lambda: ResNet20Cifar(shortcut="A"), {}, r"fx node 'pad' \(call_function pad\) in module "
