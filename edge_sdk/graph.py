@@ -60,6 +60,11 @@ OPS: dict[str, dict[str, Any]] = {
     # the ``indices`` along ``axis``: one group's input channels (SLICE of a value whose batch
     # is resized fails in TFLite: its output keeps the recorded shape)
     "GATHER": {"axis": 0, "indices": None},
+    # upsampling to ``size`` (H, W); torch's align_corners=False is half_pixel_centers for
+    # bilinear (nearest with integer factors: neither)
+    "RESIZE_NEAREST_NEIGHBOR": {"size": None, "align_corners": False,
+                                "half_pixel_centers": False},
+    "RESIZE_BILINEAR": {"size": None, "align_corners": False, "half_pixel_centers": False},
 }
 #: ops whose option ``scalar`` replaces their second input (a float32 [1] constant in the file)
 SCALAR_OPS = ("ADD", "MUL")
@@ -424,6 +429,15 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
                               f"[before, after] pairs, got {opt['paddings']}")
         return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
+    if op in ("RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"):
+        n, h, w, c = _need(x, f"{what} input", 4)
+        size = opt["size"]
+        if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
+                isinstance(v, (int, np.integer)) and 0 < v <= 1 << 16 for v in size):
+            raise ConfigError(f"{what}: size must be [height, width], got {size!r}")
+        if opt["align_corners"] and opt["half_pixel_centers"]:
+            raise ConfigError(f"{what}: align_corners and half_pixel_centers exclude each other")
+        return (n, int(size[0]), int(size[1]), c), "float32"
     if op == "GATHER":
         shape = _need(x, f"{what} input")
         axis = opt["axis"]

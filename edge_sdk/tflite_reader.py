@@ -74,12 +74,15 @@ _OPTION_FIELDS = {
     "PADV2": ("PadV2Options", set()),
     "MUL": ("MulOptions", {0}),
     "GATHER": ("GatherOptions", {0}),
+    "RESIZE_NEAREST_NEIGHBOR": ("ResizeNearestNeighborOptions", {0, 1}),
+    "RESIZE_BILINEAR": ("ResizeBilinearOptions", {2, 3}),
     "DEQUANTIZE": ("DequantizeOptions", set()),
     "SOFTMAX": ("SoftmaxOptions", {0}),
 }
 # ops whose second input is an int32 operand the writer makes from an option
 _OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
-             "SLICE": "begin", "GATHER": "indices"}
+             "SLICE": "begin", "GATHER": "indices", "RESIZE_NEAREST_NEIGHBOR": "size",
+             "RESIZE_BILINEAR": "size"}
 
 
 def _enum(value: int, table: dict, what: str, flat: Flat):
@@ -123,6 +126,12 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
                 "activation": act(5)}
     if op in ("FULLY_CONNECTED", "ADD", "MUL"):
         return {"activation": act(0)}
+    if op in ("RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"):
+        base = 0 if op == "RESIZE_NEAREST_NEIGHBOR" else 2
+        flags = [t.scalar(base + i, "<B", 0) for i in (0, 1)]
+        if any(f not in (0, 1) for f in flags):
+            raise flat.bad(f"{where}: resize flags {flags}, expected 0 or 1")
+        return {"align_corners": bool(flags[0]), "half_pixel_centers": bool(flags[1])}
     if op == "GATHER":
         axis = t.scalar(0, "<i", 0)
         if not 0 <= axis < _MAX_RANK:
@@ -324,7 +333,7 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
             raise flat.bad(f"{where}: shape operand {value.tolist()} and new_shape "
                            f"{options['shape']} disagree")
         options["shape"] = value.tolist()
-    elif op in ("PAD", "GATHER"):
+    elif op in ("PAD", "GATHER", "RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"):
         options[key] = value.tolist()
     elif op == "SLICE":
         size = ins[2]

@@ -42,13 +42,15 @@ BUILTIN_CODES = {"ADD": 0, "AVERAGE_POOL_2D": 1, "CONCATENATION": 2, "CONV_2D": 
                  "DEPTHWISE_CONV_2D": 4, "DEQUANTIZE": 6, "FULLY_CONNECTED": 9,
                  "MAX_POOL_2D": 17, "RELU": 19, "RELU6": 21, "RESHAPE": 22, "SOFTMAX": 25,
                  "PAD": 34, "MEAN": 40, "MUL": 18, "LOGISTIC": 14, "PADV2": 60,
-                 "HARD_SWISH": 117, "SLICE": 65, "GATHER": 36}
+                 "HARD_SWISH": 117, "SLICE": 65, "GATHER": 36,
+                 "RESIZE_NEAREST_NEIGHBOR": 97, "RESIZE_BILINEAR": 23}
 # schema.fbs union BuiltinOptions: the options table each op carries (0 = none)
 OPTIONS_TYPES = {"Conv2DOptions": 1, "DepthwiseConv2DOptions": 2, "Pool2DOptions": 5,
                  "FullyConnectedOptions": 8, "SoftmaxOptions": 9, "ConcatenationOptions": 10,
                  "AddOptions": 11, "ReshapeOptions": 17, "PadOptions": 22, "ReducerOptions": 27,
                  "DequantizeOptions": 38, "MulOptions": 21, "PadV2Options": 43,
-                 "GatherOptions": 23}
+                 "GatherOptions": 23, "ResizeBilinearOptions": 15,
+                 "ResizeNearestNeighborOptions": 74}
 TENSOR_TYPES = {"float32": 0, "int32": 2, "int8": 9}  # enum TensorType
 _PADDING = {"SAME": 0, "VALID": 1}  # enum Padding
 _ACTIVATION = {None: 0, "relu": 1, "relu6": 3}  # enum ActivationFunctionType
@@ -122,6 +124,12 @@ _OPTIONS: dict[str, tuple[str, Callable]] = {
     "PADV2": ("PadV2Options", lambda o: []),
     "MUL": ("MulOptions", _act),
     "GATHER": ("GatherOptions", lambda o: [("Int32", 0, int(o.get("axis", 0)), 0)]),
+    "RESIZE_NEAREST_NEIGHBOR": ("ResizeNearestNeighborOptions", lambda o: [
+        ("Bool", 0, bool(o.get("align_corners", False)), False),
+        ("Bool", 1, bool(o.get("half_pixel_centers", False)), False)]),
+    "RESIZE_BILINEAR": ("ResizeBilinearOptions", lambda o: [  # slots 0, 1: deprecated sizes
+        ("Bool", 2, bool(o.get("align_corners", False)), False),
+        ("Bool", 3, bool(o.get("half_pixel_centers", False)), False)]),
     "DEQUANTIZE": ("DequantizeOptions", lambda o: []),
     "SOFTMAX": ("SoftmaxOptions", lambda o: [("Float32", 0, float(o.get("beta", 1.0)), 0.0)]),
 }
@@ -176,7 +184,8 @@ def _plan(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[list[_T], li
             ins.append(-1)  # optional bias left out: version 1 still
         operand = {"RESHAPE": ("shape", "shape"), "PAD": ("paddings", "paddings"),
                    "PADV2": ("paddings", "paddings"), "MEAN": ("axes", "axes"),
-                   "GATHER": ("indices", "indices")}.get(o.op)
+                   "GATHER": ("indices", "indices"), "RESIZE_NEAREST_NEIGHBOR": ("size", "size"),
+                   "RESIZE_BILINEAR": ("size", "size")}.get(o.op)
         if operand is not None:  # schema: these take their int32 operand as input 1
             key, suffix = operand
             v = np.asarray(o.options.get(key, [1, 2] if o.op == "MEAN" else None), np.int32)

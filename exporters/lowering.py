@@ -32,8 +32,9 @@ from edge_sdk.graph import QUANT_AXIS, tflite_weight
 from edge_sdk.graph_build import GraphBuilder
 from exporters.weights import LayerWeights
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
-from trainer.nest_ops import (MUL, POOL_FUNCTIONS, Pool, activation_of, global_pool_size_ok,
-                              mean_dims, pool_of_call, pool_of_module)
+from trainer.nest_ops import (MUL, POOL_FUNCTIONS, RESIZE_FUNCTIONS, UPSAMPLE_MODULES, Pool,
+                              Resize, activation_of, global_pool_size_ok, mean_dims,
+                              pool_of_call, pool_of_module, resize_of_call, resize_of_module)
 
 __all__ = ["lower"]
 
@@ -138,6 +139,8 @@ class _Lowering:
             return _V(self.linear(node, self.arg(node), m))
         if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
             return self.pool(node, self._spec(node, pool_of_module, m))
+        if isinstance(m, UPSAMPLE_MODULES):
+            return self.resize(node, self._spec(node, resize_of_module, m))
         act = activation_of(node, self.modules)
         if act is not None:
             x = self.arg(node)
@@ -181,6 +184,8 @@ class _Lowering:
             return self.global_pool(node, self.option(node, 1, "output_size", None))
         if fn in POOL_FUNCTIONS:
             return self.pool(node, self._spec(node, pool_of_call, node))
+        if fn in RESIZE_FUNCTIONS:
+            return self.resize(node, self._spec(node, resize_of_call, node))
         if fn is operator.getitem:
             return self.subsample(node)
         if fn is F.pad:
@@ -309,7 +314,18 @@ class _Lowering:
         y = self.g.fully_connected(x.name, wt, bt, name=f"{node.target}/linear")
         return self.activation(y, layer.activation, self.g.unique(node.target))
 
-    def _spec(self, node: fx.Node, spec, arg) -> Pool:
+    def resize(self, node: fx.Node, r: Resize) -> _V:
+        """Upsampling by integer factors: torch's nearest takes floor(dst / factor), TFLite's
+        nearest without flags the same; bilinear with align_corners=False is TFLite's
+        half_pixel_centers."""
+        x = self.arg(node, 0, 4).name
+        _, h, w, _ = self.g.shape(x)
+        op = "RESIZE_NEAREST_NEIGHBOR" if r.mode == "nearest" else "RESIZE_BILINEAR"
+        half = r.mode == "bilinear" and not r.align_corners
+        return _V(self.g.op(op, [x], self.name(node), size=list(r.out_hw(h, w)),
+                            align_corners=r.align_corners, half_pixel_centers=half))
+
+    def _spec(self, node: fx.Node, spec, arg):
         try:
             return spec(arg)
         except ValueError as e:  # trainer.nest refuses the same at nest time

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from edge_sdk.errors import ConfigError
-from trainer.nest_ops import (GATES, HOMOGENEOUS, MUL, POOL_FUNCTIONS, activation_of,
-                              global_pool_size_ok, is_stochastic_depth, mean_dims, pool_of_call,
-                              pool_of_module)
+from trainer.nest_ops import (GATES, HOMOGENEOUS, MUL, POOL_FUNCTIONS, RESIZE_FUNCTIONS,
+                              UPSAMPLE_MODULES, activation_of, global_pool_size_ok,
+                              is_stochastic_depth, mean_dims, pool_of_call, pool_of_module,
+                              resize_of_call, resize_of_module)
 
 _ADD = {operator.add, torch.add, operator.iadd}
 _CAT = {torch.cat, torch.concat}
@@ -32,8 +33,9 @@ _RESHAPES = {"size", "view", "reshape", "permute", "transpose", "chunk", "split"
 SUPPORTED = ("Conv2d (plain or depthwise), BatchNorm2d after a conv, Linear, ReLU, ReLU6, "
              "Hardswish, SiLU, Sigmoid/Hardsigmoid gates (x * gate, squeeze-excitation), "
              "MaxPool2d / AvgPool2d (padded; max also ceil_mode), AdaptiveAvgPool2d(1), "
-             "Flatten, Identity, Dropout, stochastic depth, +, torch.cat, flatten, mean over H "
-             "and W, x[:, :, ::s, ::s], F.pad of channels at the end")
+             "Upsample / F.interpolate (nearest, bilinear; integer factors), Flatten, Identity, "
+             "Dropout, stochastic depth, +, torch.cat, flatten, mean over H and W, "
+             "x[:, :, ::s, ::s], F.pad of channels at the end")
 
 
 def module_path(node: fx.Node) -> str | None:
@@ -230,6 +232,8 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
             act = activation_of(node, modules)
             if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
                 _check(node, pool_of_module, m)
+            elif isinstance(m, UPSAMPLE_MODULES):
+                _check(node, resize_of_module, m)  # keeps the channel layout
             elif isinstance(m, nn.AdaptiveAvgPool2d):
                 if not global_pool_size_ok(m.output_size):
                     raise fail(node, f"only global pooling, AdaptiveAvgPool2d(1), is exported; "
@@ -297,6 +301,9 @@ def _function(node: fx.Node, env: dict, plan: Plan, relu6_nodes: set) -> list:
         return _arg(node, env)
     if fn in POOL_FUNCTIONS:
         _check(node, pool_of_call, node)
+        return _arg(node, env)
+    if fn in RESIZE_FUNCTIONS:
+        _check(node, resize_of_call, node)
         return _arg(node, env)
     if fn is F.adaptive_avg_pool2d:
         size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")

@@ -13,7 +13,6 @@ export is refused at nest time, before any training.
 """
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass
 
@@ -155,6 +154,56 @@ def global_pool_size_ok(size) -> bool:
     return size == 1 or (isinstance(size, (tuple, list)) and tuple(size) == (1, 1))
 
 
+@dataclass(frozen=True)
+class Resize:
+    """An upsampling the exporter lowers as RESIZE_NEAREST_NEIGHBOR / RESIZE_BILINEAR:
+    ``scale`` (h, w) integer factors; bilinear with ``align_corners`` as torch's."""
+
+    mode: str
+    scale: tuple[int, int]
+    align_corners: bool = False
+
+    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        return h * self.scale[0], w * self.scale[1]
+
+
+UPSAMPLE_MODULES = (nn.Upsample,)  # nn.UpsamplingNearest2d / Bilinear2d are subclasses
+
+
+def resize_of(mode: str, scale, size, align_corners) -> Resize:
+    """The :class:`Resize` of torch's upsampling options; ValueError naming what is not
+    exported (a fixed output ``size``, a non-integer factor, bicubic ...)."""
+    if size is not None:
+        raise ValueError("upsampling to a fixed size is not supported (use scale_factor: the "
+                         "slice's input size is the one the network was nested for)")
+    if scale is None:
+        raise ValueError("upsampling needs a scale_factor")
+    sc = (scale, scale) if isinstance(scale, (int, float)) else tuple(scale)
+    if len(sc) != 2 or any(float(v) != int(v) or int(v) < 1 for v in sc):
+        raise ValueError(f"only integer upsampling factors are supported, got {scale!r}")
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"upsampling mode {mode!r} is not supported (nearest, bilinear)")
+    return Resize(mode, (int(sc[0]), int(sc[1])), bool(align_corners) and mode == "bilinear")
+
+
+def resize_of_module(m: nn.Module) -> Resize:
+    return resize_of(m.mode, m.scale_factor, m.size, m.align_corners)
+
+
+def resize_of_call(node: fx.Node) -> Resize:
+    """F.interpolate / F.upsample called in forward."""
+    def opt(i, key, default):
+        return node.args[i] if i < len(node.args) else node.kwargs.get(key, default)
+
+    if opt(5, "recompute_scale_factor", None) or opt(6, "antialias", False):
+        raise ValueError("recompute_scale_factor / antialias are not supported")
+    return resize_of(opt(3, "mode", "nearest"), opt(2, "scale_factor", None),
+                     opt(1, "size", None), opt(4, "align_corners", None))
+
+
+RESIZE_FUNCTIONS = (F.interpolate, F.upsample)
+
+
 def mean_dims(node: fx.Node) -> list[int] | None:
     """The dims of ``x.mean(dims)`` / ``torch.mean(x, dims)`` mod 4, or None if not given."""
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", None)
@@ -165,5 +214,6 @@ def mean_dims(node: fx.Node) -> list[int] | None:
 
 
 __all__ = ["GATES", "HOMOGENEOUS", "MUL", "POOL_FUNCTIONS", "POOL_MODULES", "Pool",
-           "activation_of", "global_pool_size_ok", "is_stochastic_depth", "math", "mean_dims",
-           "pool_of", "pool_of_call", "pool_of_module"]
+           "RESIZE_FUNCTIONS", "Resize", "UPSAMPLE_MODULES", "activation_of",
+           "global_pool_size_ok", "is_stochastic_depth", "mean_dims", "pool_of", "pool_of_call",
+           "pool_of_module", "resize_of", "resize_of_call", "resize_of_module"]

@@ -111,9 +111,32 @@ def inception_like():
     return Net()
 
 
+class UNetLike(nn.Module):
+    """A small U-Net-style classifier: down, nearest x2 upsampling concatenated with the skip,
+    bilinear upsampling (align_corners False and True)."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.down = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU())
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.dec = nn.Sequential(nn.Conv2d(48, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.fc = nn.Linear(16 + 32, 10)
+
+    def forward(self, x):
+        e = self.enc(x)
+        d = self.down(e)
+        y = self.dec(torch.cat([self.up(d), e], 1))
+        z = torch.nn.functional.interpolate(d, scale_factor=2, mode="bilinear")
+        z = torch.nn.functional.interpolate(z, scale_factor=(1, 2), mode="bilinear",
+                                            align_corners=True)
+        return self.fc(torch.cat([y.mean((2, 3)), z.mean((2, 3))], 1))
+
+
 CASES = {"resnet_stem": (resnet_stem, 17), "ceil_pools": (ceil_pools, 15),
          "mnv3": (mnv3_blocks, 16), "effnet": (effnet_blocks, 12),
-         "grouped": (grouped_blocks, 10), "inception": (inception_like, 11)}
+         "grouped": (grouped_blocks, 10), "inception": (inception_like, 11),
+         "unet": (UNetLike, 8)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
