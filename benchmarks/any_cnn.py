@@ -157,13 +157,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("models", nargs="*", default=MODELS)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--residual", default="inner", choices=["inner", "stage"])
     p.add_argument("--nest-stem", action="store_true")
     p.add_argument("--tflite-runtime", metavar="PYTHON", default=None,
                    help="a Python with tflite-runtime 2.14: every slice runs there too")
     args = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     print(f"| model | nested | width-1.0 vs source | fidelity (max over widths) | torch f32 "
           f"{'| on 2.14 ' if args.tflite_runtime else ''}| MACs 0.25 | 0.5 | 1 | "
           "0.25 / 1 | s |")

@@ -30,7 +30,8 @@ _FLATTEN = {torch.flatten, "flatten"}
 _PASS_MODULES = (nn.Flatten, nn.Identity, nn.Dropout)
 _RESHAPES = {"size", "view", "reshape", "permute", "transpose", "chunk", "split", "contiguous",
              "layer_norm", "unflatten", "flatten_", "view_as", "expand"}
-SUPPORTED = ("Conv2d (plain or depthwise), BatchNorm2d after a conv, Linear, ReLU, ReLU6, "
+SUPPORTED = ("Conv2d (plain, depthwise or grouped), BatchNorm2d (after a conv, or before: "
+             "pre-activation), Linear, ReLU, ReLU6, "
              "Hardswish, SiLU, Sigmoid/Hardsigmoid gates (x * gate, squeeze-excitation), "
              "MaxPool2d / AvgPool2d (padded; max also ceil_mode), AdaptiveAvgPool2d(1), "
              "Upsample / F.interpolate (nearest, bilinear; integer factors), Flatten, Identity, "
@@ -227,8 +228,11 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
         elif node.op == "call_module":
             m = modules[node.target]
             if isinstance(m, nn.BatchNorm2d):
-                raise fail(node, "a BatchNorm2d must directly follow a Conv2d whose output only "
-                                 "it reads (a standalone batch norm cannot be nested)")
+                b = _norm_block(node, m, modules, env, plan)
+                absorbed.update(b.absorbed)
+                if b.activation is not None and not HOMOGENEOUS[b.activation]:
+                    relu6_nodes.add(b.last)
+                continue
             act = activation_of(node, modules)
             if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
                 _check(node, pool_of_module, m)
@@ -248,6 +252,32 @@ def analyse(gm: fx.GraphModule, residual: str, nest_stem: bool) -> Plan:
     _decide(plan, residual)
     _check_forward_folds(plan, modules, relu6_nodes)
     return plan
+
+
+def _norm_block(node: fx.Node, m: nn.BatchNorm2d, modules: dict, env: dict,
+                plan: Plan) -> Block:
+    """A pre-activation batch norm (DenseNet's norm -> relu -> conv over a concatenation): a
+    1x1 depthwise block initialised to the identity, with this BN and the activation after it.
+    It is not nested, and the value it reads stays full width: a BN over a concatenation of
+    nested prefixes would need index sets, not prefixes (DenseNet then nests the bottleneck
+    inside each layer, as ResNet's residual='inner' nests inside each block)."""
+    if m.running_mean is None:
+        raise fail(node, "a BatchNorm2d without running statistics (track_running_stats=False) "
+                         "cannot fold at export")
+    b = Block(node, m, "norm", m.num_features, bn=m, bn_node=node)
+    user = _only_user(node)
+    act = None if user is None else activation_of(user, modules)
+    if act is not None:
+        b.activation = act
+        b.absorbed.append(user)
+    b.inputs = _arg(node, env)
+    for s, _, _ in b.inputs:
+        plan.fixed.setdefault(s, "read by a pre-activation batch norm")
+    b.out_space = plan.new_space()
+    plan.fixed[b.out_space] = "pre-activation batch norm (identity 1x1 depthwise, not nested)"
+    plan.blocks.append(b)
+    env[b.last] = [(b.out_space, b.out_channels, b)]
+    return b
 
 
 def _arg(node: fx.Node, env: dict, i: int = 0) -> list:

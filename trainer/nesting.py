@@ -116,6 +116,8 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
 
 def _build(b: Block, unit, plan: Plan, units: dict, log_alpha_init: float) -> nn.Module:
     m = b.module
+    if b.kind == "norm":
+        return _build_norm(b, plan, units, log_alpha_init)
     in_ch = m.in_features if isinstance(m, nn.Linear) else m.in_channels
     # the network input's channel count is known only from the layer reading it
     segments = [(units.get(plan.root(s)), in_ch if ch is None else ch, plan.folds(src))
@@ -144,22 +146,46 @@ def _build(b: Block, unit, plan: Plan, units: dict, log_alpha_init: float) -> nn
         layer.weight_mu.copy_(m.weight)
         bias = m.bias.detach() if m.bias is not None else None
         if b.bn is not None:
-            bn = b.bn
-            if bn.running_mean is None:
-                raise fail(b.bn_node, "a BatchNorm2d without running statistics "
-                                      "(track_running_stats=False) cannot fold at export")
-            layer.bn.eps, layer.bn.momentum = bn.eps, bn.momentum
-            if bn.affine:
-                layer.bn.weight.copy_(bn.weight); layer.bn.bias.copy_(bn.bias)
-            # bn(z + b) = bn'(z) with running_mean' = running_mean - b (and the batch mean
-            # cancels b in training)
-            layer.bn.running_mean.copy_(bn.running_mean - (0 if bias is None else bias))
-            layer.bn.running_var.copy_(bn.running_var)
-            layer.bn.num_batches_tracked.copy_(bn.num_batches_tracked)
+            _copy_bn(layer, b, bias)
         elif bias is not None:
             layer.bias.copy_(bias)
         layer.reset_sigma(log_alpha_init)  # sigma = |mu| sqrt(alpha) around the user's weights
     return layer
+
+
+def _build_norm(b: Block, plan: Plan, units: dict, log_alpha_init: float) -> nn.Module:
+    """A pre-activation batch norm as a 1x1 depthwise block of weight 1 (trainer.nest_graph's
+    ``_norm_block``): the BN folds into it at export, like any conv's."""
+    c = b.out_channels
+    segments = [(units.get(plan.root(s)), c if ch is None else ch, plan.folds(src))
+                for s, ch, src in b.inputs]
+    layer = NestConv2d(c, c, 1, 1, 0, depthwise=True, ordering=None, apply_mask=False,
+                       batch_norm=True, activation=None, log_alpha_init=log_alpha_init)
+    layer.activation = b.activation
+    layer.forward_fold = False
+    layer.set_input(segments, 1)
+    _copy_bn(layer, b, None)
+    with torch.no_grad():
+        layer.weight_mu.fill_(1.0)
+        layer.reset_sigma(log_alpha_init)
+    return layer
+
+
+def _copy_bn(layer, b: Block, bias) -> None:
+    """The user's BN (affine and running statistics) into the block's; a conv bias before it
+    moves into its running mean: bn(z + b) = bn'(z) with running_mean' = running_mean - b
+    (the batch mean cancels b in training)."""
+    bn = b.bn
+    if bn.running_mean is None:
+        raise fail(b.bn_node, "a BatchNorm2d without running statistics "
+                              "(track_running_stats=False) cannot fold at export")
+    with torch.no_grad():
+        layer.bn.eps, layer.bn.momentum = bn.eps, bn.momentum
+        if bn.affine:
+            layer.bn.weight.copy_(bn.weight); layer.bn.bias.copy_(bn.bias)
+        layer.bn.running_mean.copy_(bn.running_mean - (0 if bias is None else bias))
+        layer.bn.running_var.copy_(bn.running_var)
+        layer.bn.num_batches_tracked.copy_(bn.num_batches_tracked)
 
 
 def _drop_coarse_units(plan: Plan, groups: int, frozen: int) -> None:

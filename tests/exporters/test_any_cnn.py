@@ -133,10 +133,28 @@ class UNetLike(nn.Module):
         return self.fc(torch.cat([y.mean((2, 3)), z.mean((2, 3))], 1))
 
 
+class DenseLike(nn.Module):
+    """DenseNet: torchvision's dense block (pre-activation BN -> ReLU -> conv over the growing
+    concatenation) and transition, a final standalone BN + ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        dn = torchvision.models.densenet
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            dn._DenseBlock(2, 16, 4, 8, 0.0), dn._Transition(32, 16),
+            dn._DenseBlock(2, 16, 4, 8, 0.0), nn.BatchNorm2d(32))
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu(self.features(x))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(y, (1, 1)), 1))
+
+
 CASES = {"resnet_stem": (resnet_stem, 17), "ceil_pools": (ceil_pools, 15),
          "mnv3": (mnv3_blocks, 16), "effnet": (effnet_blocks, 12),
          "grouped": (grouped_blocks, 10), "inception": (inception_like, 11),
-         "unet": (UNetLike, 8)}
+         "unet": (UNetLike, 8), "densenet": (DenseLike, 8)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
