@@ -7,7 +7,8 @@
   an explicit source) and every configuration run on it in the LiteRT interpreter;
 - :mod:`exporters.report.trace`: the budget-trace format the demo writes (validation, summary);
 - :mod:`exporters.report.figures`: reliability, width, risk–coverage and trace figures;
-- :mod:`exporters.report.markdown`: the tables and text of ``report.md``.
+- :mod:`exporters.report.markdown`: the tables and text of ``report.md``;
+- :mod:`exporters.report.uncertainty`: the OOD score and conformal sets per width (issue 33).
 
 The maths they share with the exporter and the runtime (temperature-averaged probabilities,
 risk–coverage, reliability bins) lives in :mod:`edge_sdk.metrics`; ``risk_coverage``,
@@ -31,6 +32,7 @@ from exporters.report.figures import (  # noqa: F401  (the helpers tests draw wi
 from exporters.report.files import atomic_write
 from exporters.report.markdown import REPORT_NAME, render_report
 from exporters.report.trace import TraceError, load_trace, trace_summary, validate_trace
+from exporters.report.uncertainty import evaluate_uncertainty, plot_uncertainty, uncertainty_lines
 
 __all__ = [
     "ConfigResult",
@@ -78,6 +80,9 @@ def write_report(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike | Non
                "width": plot_width(manifest, results, out / "width.png"),
                "risk_coverage": plot_risk_coverage(manifest, results, data.y,
                                                    out / "risk_coverage.png")}
+    unc = evaluate_uncertainty(bundle, manifest, data, results)
+    if unc:
+        figures["uncertainty"] = plot_uncertainty(unc, out / "uncertainty.png")
     if records is not None:
         figures["trace"] = plot_trace(records, out / "trace.png", memory_mb={
             c.id: Policy.memory_need_mb(c) for c in manifest.configurations})
@@ -85,6 +90,7 @@ def write_report(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike | Non
         log(str(fig))
 
     path = out / REPORT_NAME
-    atomic_write(path, render_report(bundle, manifest, data, results, records).encode("utf-8"))
+    text = render_report(bundle, manifest, data, results, records, uncertainty_lines(unc))
+    atomic_write(path, text.encode("utf-8"))
     log(str(path))
     return path

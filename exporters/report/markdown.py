@@ -157,7 +157,8 @@ def _source_line(src: Mapping[str, Any]) -> str:
 
 def render_report(bundle: Path, manifest: Manifest, data: EvalData,
                   results: Mapping[str, ConfigResult],
-                  records: Sequence[Mapping[str, Any]] | None) -> str:
+                  records: Sequence[Mapping[str, Any]] | None,
+                  uncertainty: Sequence[str] = ()) -> str:
     """The text of ``report.md``; the figures it links sit next to it (see
     :mod:`exporters.report.figures`)."""
     src = manifest.source
@@ -198,7 +199,7 @@ def render_report(bundle: Path, manifest: Manifest, data: EvalData,
              "threshold, the share of the evaluation data it keeps and their accuracy "
              "(✗: below the target).", "",
              "![risk-coverage curves](risk_coverage.png)", "",
-             *_threshold_table(manifest, results, data.y), ""]
+             *_threshold_table(manifest, results, data.y), "", *uncertainty]
     if records is not None:
         lines += ["## Budget trace", "",
                   f"{len(records)} calls; the configuration chosen per call under the trace's "

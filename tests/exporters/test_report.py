@@ -401,3 +401,30 @@ def test_bad_trace_fails_before_any_evaluation(bundle, tmp_path):
     with pytest.raises(TraceError, match="confidence"):
         write_report(bundle, tmp_path / "out", trace=bad, log=lambda *a: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_uncertainty_section_matches_the_runtime(report, bundle, manifest):
+    """Issue 33: per width, the share in distribution and the LAC coverage the report prints
+    are what the runtime's own answers give on the same evaluation data."""
+    import numpy as np
+
+    import edge_sdk
+    from exporters.report import load_eval_data
+
+    path, _ = report
+    text = path.read_text(encoding="utf-8")
+    assert "## Uncertainty" in text and "uncertainty.png" in text
+    assert_png(path.parent / "uncertainty.png")
+    header, rows = next(t for t in _tables(text) if t[0][:2] == ["width", "configuration"])
+    data = load_eval_data(manifest, log=lambda *a: None)
+    model = edge_sdk.load(bundle, profile=None)
+    mean = np.asarray(manifest.input.mean, np.float32)
+    std = np.asarray(manifest.input.std, np.float32)
+    raw = np.clip(data.x * std + mean, *manifest.input.value_range)
+    for row in rows:
+        b = model.predict_batch(raw, config_id=row[1])
+        assert float(row[2]) == pytest.approx(b.in_distribution.mean(), abs=1e-3)
+        col = header.index("LAC α=0.1: coverage / size / worst class")
+        cov = float(row[col].split(" / ")[0])
+        hit = b.prediction_sets[np.arange(len(data.y)), data.y]
+        assert cov == pytest.approx(hit.mean(), abs=1e-3)
