@@ -21,6 +21,7 @@ import json
 import math
 import struct
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,8 @@ def read_manifest(bundle: Path) -> dict:
 
 
 def read_uncertainty(bundle: Path, manifest: dict) -> tuple[dict, dict] | None:
-    """uncertainty.bin (docs/store.md's container, version 1): b"EDGESTOR", u32 version, u64
+    """uncertainty.bin (docs/store.md's container; version 2 is version 1 deflated with zlib
+    after a 20-byte prefix). Version 1: b"EDGESTOR", u32 version, u64
     header length, the header JSON {"index", "arrays": {name: {dtype, shape, offset, bytes}}},
     zero padding to 16 bytes, then the arrays. Returns (index, arrays) or None."""
     entry = manifest.get("uncertainty")
@@ -59,8 +61,11 @@ def read_uncertainty(bundle: Path, manifest: dict) -> tuple[dict, dict] | None:
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ValueError(f"{entry['name']}: sha256 differs from the manifest")
     magic, version, n = struct.unpack_from("<8sIQ", data)
+    if magic == b"EDGESTOR" and version == 2:  # version 2: version 1, zlib-deflated
+        data = zlib.decompress(data[20:])
+        magic, version, n = struct.unpack_from("<8sIQ", data)
     if magic != b"EDGESTOR" or version != 1:
-        raise ValueError(f"{entry['name']}: not a version-1 container")
+        raise ValueError(f"{entry['name']}: not a container of version 1 or 2")
     header = json.loads(data[20:20 + n])
     payload = -(-(20 + n) // 16) * 16
     arrays = {k: np.frombuffer(data, np.dtype(a["dtype"]), int(np.prod(a["shape"])),

@@ -52,7 +52,7 @@ BANK_SCALE = 127.0  # int8 codes of unit-vector components
 def decode_bank(codes: np.ndarray) -> np.ndarray:
     """float32 unit rows from the int8 codes ``round(127 u)``: renormalised, because rounding
     moves a row's norm by up to ~0.5 % and the score is a cosine (scikit-learn's cosine
-    distance, tests/exporters/test_uncertainty.py, normalises the bank the same way)."""
+    distance, tests/exporters/test_uncertainty_fit.py, normalises the bank the same way)."""
     rows = codes.astype(np.float32)
     norms = np.sqrt(np.einsum("md,md->m", rows, rows))
     return np.ascontiguousarray(rows / np.maximum(norms, 1e-12)[:, None])
