@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from edge_sdk import graph_ops
 from edge_sdk.errors import ConfigError
 
 GRAPH_VERSION = 1
@@ -378,17 +379,14 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
         return (n, o), "float32"
     if op in SCALAR_OPS and opt.get("scalar") is not None:
         return _need(x, f"{what} input"), "float32"
+    if op in graph_ops.SHAPES:  # issue 35's ops (edge_sdk/graph_ops.py)
+        return graph_ops.out_shape(op, [_need(t, f"{what} input") for t in ins], opt,
+                                   what), "float32"
     if op == "ADD":
         a, b = _need(x, f"{what} input"), _need(ins[1], f"{what} input")
         if a != b:  # no broadcasting: residual additions have equal shapes
             raise ConfigError(f"{what}: ADD needs equal shapes, got {list(a)} and {list(b)}")
         return a, "float32"
-    if op == "MUL":
-        a, b = _need(x, f"{what} input"), _need(ins[1], f"{what} input")
-        if len(a) != len(b) or any(p != q and 1 not in (p, q) for p, q in zip(a, b)):
-            raise ConfigError(f"{what}: cannot broadcast {list(a)} and {list(b)} (same rank, "
-                              "each dimension equal or 1)")
-        return tuple(max(p, q) for p, q in zip(a, b)), "float32"
     if op == "CONCATENATION":
         shapes = [_need(t, f"{what} input") for t in ins]
         rank = len(shapes[0])
@@ -420,47 +418,6 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
                               f"[before, after] pairs, got {opt['paddings']}")
         return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
-    if op == "PADV2":
-        shape = _need(x, f"{what} input")
-        if not isinstance(opt["value"], (int, float)) or np.isnan(opt["value"]):
-            raise ConfigError(f"{what}: value must be a number, got {opt['value']!r}")
-        p = np.asarray(opt["paddings"] if opt["paddings"] is not None else [], dtype=np.int64)
-        if p.shape != (len(shape), 2) or (p < 0).any():
-            raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
-                              f"[before, after] pairs, got {opt['paddings']}")
-        return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
-    if op in ("RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"):
-        n, h, w, c = _need(x, f"{what} input", 4)
-        size = opt["size"]
-        if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
-                isinstance(v, (int, np.integer)) and 0 < v <= 1 << 16 for v in size):
-            raise ConfigError(f"{what}: size must be [height, width], got {size!r}")
-        if opt["align_corners"] and opt["half_pixel_centers"]:
-            raise ConfigError(f"{what}: align_corners and half_pixel_centers exclude each other")
-        return (n, int(size[0]), int(size[1]), c), "float32"
-    if op == "GATHER":
-        shape = _need(x, f"{what} input")
-        axis = opt["axis"]
-        idx = np.asarray(opt["indices"] if opt["indices"] is not None else [], dtype=np.int64)
-        if not isinstance(axis, int) or not 0 <= axis < len(shape) or idx.ndim != 1 or \
-                not idx.size or (idx < 0).any() or (idx >= shape[axis]).any():
-            raise ConfigError(f"{what}: indices must be a non-empty vector within dimension "
-                              f"{axis} of {list(shape)}")
-        return (*shape[:axis], int(idx.size), *shape[axis + 1:]), "float32"
-    if op == "SLICE":
-        shape = _need(x, f"{what} input")
-        try:
-            begin, size = [int(v) for v in opt["begin"]], [int(v) for v in opt["size"]]
-        except (TypeError, ValueError):
-            raise ConfigError(f"{what}: begin and size must be lists of ints, got "
-                              f"{opt['begin']!r} and {opt['size']!r}") from None
-        if len(begin) != len(shape) or len(size) != len(shape):
-            raise ConfigError(f"{what}: begin and size need {len(shape)} entries each")
-        out = tuple(d - b if n == -1 else n for d, b, n in zip(shape, begin, size))
-        if any(b < 0 or n < -1 or n == 0 or b + o > d
-               for d, b, n, o in zip(shape, begin, size, out)) or min(out) <= 0:
-            raise ConfigError(f"{what}: begin {begin} size {size} is outside {list(shape)}")
-        return out, "float32"
     if op == "DEQUANTIZE":
         if x is None or x.dtype != "int8" or x.quant is None:
             raise ConfigError(f"{what}: the input must be a quantized int8 constant")

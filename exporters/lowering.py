@@ -32,9 +32,10 @@ from edge_sdk.graph import QUANT_AXIS, tflite_weight
 from edge_sdk.graph_build import GraphBuilder
 from exporters.weights import LayerWeights
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
-from trainer.nest_ops import (MUL, POOL_FUNCTIONS, RESIZE_FUNCTIONS, UPSAMPLE_MODULES, Pool,
-                              Resize, activation_of, global_pool_size_ok, mean_dims,
-                              pool_of_call, pool_of_module, resize_of_call, resize_of_module)
+from exporters.lowering_ops import _V, _fusable, _Ops, _pair
+from trainer.nest_ops import (MUL, POOL_FUNCTIONS, RESIZE_FUNCTIONS, UPSAMPLE_MODULES,
+                              activation_of, global_pool_size_ok, mean_dims, pool_of_call,
+                              pool_of_module, resize_of_call, resize_of_module)
 
 __all__ = ["lower"]
 
@@ -46,24 +47,12 @@ class _Tracer(fx.Tracer):
         return isinstance(m, BayesNestedLayer) or super().is_leaf_module(m, qualname)
 
 
-@dataclass
-class _V:
-    """A lowered value: its graph tensor and, for a 2-D value flattened from a spatial map,
-    the NHWC ``(H, W, C)`` it was flattened from (None: columns in torch's order)."""
-
-    name: str
-    flat_from: tuple[int, int, int] | None = None
-
-
 _ADD = {operator.add, torch.add, operator.iadd}
 _CAT = {torch.cat, torch.concat}
-#: the lowest float32: max pooling's padding (torch pads with -inf; never a window's maximum,
-#: since no window lies wholly in the padding)
-_NEG = float(np.finfo(np.float32).min)
 _FLATTEN = {torch.flatten, "flatten"}
 
 
-class _Lowering:
+class _Lowering(_Ops):
     def __init__(self, model: nn.Module, weights: dict[str, LayerWeights], g: GraphBuilder):
         self.model, self.weights, self.g = model, weights, g
         self.modules = dict(model.named_modules())
@@ -271,34 +260,6 @@ class _Lowering:
             y = self.g.conv2d(x, wt, bt, stride=s, padding=padding,
                               activation=layer.activation if fused else None, name=name)
         return y if fused else self.activation(y, layer.activation, self.g.unique(out))
-
-    def grouped_conv(self, node: fx.Node, x: str, layer: BayesNestedConv2d, s, padding: str,
-                     fused: bool, name: str) -> str:
-        """A grouped conv as GATHER + CONV_2D per group + CONCATENATION: TFLite's CONV_2D reads
-        every input channel (tflite-runtime 2.14 has no grouped kernel outside XNNPACK), so
-        each group gathers its input channels and SLICEs its filter rows and bias from the one
-        filter constant (the weight store fills that one constant, as for any conv)."""
-        wt, bt = self._weight(node, layer, "conv")  # [O, kh, kw, I / groups]
-        if self.g.dtype(wt) != np.float32:
-            raise self.fail(node, "a grouped conv has no hybrid (int8 filter) route; export "
-                                  "with weights dequantize or float")
-        n, kh, kw, c = self.g.shape(wt)
-        groups = layer.conv_groups
-        per_out = n // groups
-        act = layer.activation if fused else None
-        outs = []
-        for i in range(groups):
-            # GATHER, not SLICE: TFLite's SLICE keeps its recorded output shape when the
-            # batch is resized (a wrong-size error on LiteRT, a crash on tflite-runtime 2.14)
-            xi = self.g.op("GATHER", [x], f"{name}/g{i}/x", axis=3,
-                           indices=list(range(i * c, (i + 1) * c)))
-            wi = self.g.op("SLICE", [wt], f"{name}/g{i}/w", begin=[i * per_out, 0, 0, 0],
-                           size=[per_out, kh, kw, c])
-            bi = self.g.op("SLICE", [bt], f"{name}/g{i}/b", begin=[i * per_out], size=[per_out])
-            outs.append(self.g.conv2d(xi, wi, bi, stride=s, padding=padding, activation=act,
-                                      name=f"{name}/g{i}"))
-        return self.g.concatenation(outs, 3, name=name)
-
     def linear(self, node: fx.Node, x: _V, layer: BayesNestedLinear) -> str:
         shape = self.g.shape(x.name)
         h, w, _ = x.flat_from or (1, 1, None)
@@ -313,65 +274,6 @@ class _Lowering:
                                           name=node.target)
         y = self.g.fully_connected(x.name, wt, bt, name=f"{node.target}/linear")
         return self.activation(y, layer.activation, self.g.unique(node.target))
-
-    def resize(self, node: fx.Node, r: Resize) -> _V:
-        """Upsampling by integer factors: torch's nearest takes floor(dst / factor), TFLite's
-        nearest without flags the same; bilinear with align_corners=False is TFLite's
-        half_pixel_centers."""
-        x = self.arg(node, 0, 4).name
-        _, h, w, _ = self.g.shape(x)
-        op = "RESIZE_NEAREST_NEIGHBOR" if r.mode == "nearest" else "RESIZE_BILINEAR"
-        half = r.mode == "bilinear" and not r.align_corners
-        return _V(self.g.op(op, [x], self.name(node), size=list(r.out_hw(h, w)),
-                            align_corners=r.align_corners, half_pixel_centers=half))
-
-    def _spec(self, node: fx.Node, spec, arg):
-        try:
-            return spec(arg)
-        except ValueError as e:  # trainer.nest refuses the same at nest time
-            raise self.fail(node, str(e)) from None
-
-    def pool(self, node: fx.Node, p: Pool) -> _V:
-        """Torch's padding (and ceil_mode's extra bottom/right rows) as an explicit pad, then
-        a VALID pool: TFLite's SAME pads asymmetrically and would shift every window. Max
-        pooling pads with the lowest float (PADV2), average pooling with zeros, which torch
-        counts in the divisor too (count_include_pad, checked by trainer.nest_ops)."""
-        x = self.arg(node, 0, 4).name
-        _, h, w, _ = self.g.shape(x)
-        (ph, pw), eh, ew = p.padding, p.extra(h, 0), p.extra(w, 1)
-        name = self.name(node)
-        if ph or pw or eh or ew:
-            pads = [(0, 0), (ph, ph + eh), (pw, pw + ew), (0, 0)]
-            if p.is_max:
-                x = self.g.op("PADV2", [x], f"{name}/pad", paddings=pads, value=_NEG)
-            else:
-                x = self.g.pad(x, pads, name=f"{name}/pad")
-        op = self.g.max_pool2d if p.is_max else self.g.average_pool2d
-        return _V(op(x, list(p.kernel), list(p.stride), "VALID", name=name))
-
-    def activation(self, x: str, act: str, name: str) -> str:
-        """One activation as TFLite ops: RELU, RELU6, HARD_SWISH and LOGISTIC are builtins;
-        SiLU is x * LOGISTIC(x); hardsigmoid(x) = relu6(x + 3) / 6."""
-        if act in ("relu", "relu6", "hardswish", "sigmoid"):
-            op = {"relu": "RELU", "relu6": "RELU6", "hardswish": "HARD_SWISH",
-                  "sigmoid": "LOGISTIC"}[act]
-            return self.g.op(op, [x], name)
-        if act == "silu":
-            return self.g.op("MUL", [x, self.g.op("LOGISTIC", [x], f"{name}/sigmoid")], name)
-        if act == "hardsigmoid":
-            # scalars as options: the weight store's graphs carry no constants but the layers'
-            y = self.g.op("RELU6", [self.g.op("ADD", [x], f"{name}/plus3", scalar=3.0)],
-                          f"{name}/relu6")
-            return self.g.op("MUL", [y], name, scalar=1.0 / 6.0)
-        raise ConfigError(f"{name}: activation {act!r} cannot be lowered")
-
-    def mul(self, node: fx.Node) -> _V:
-        """A squeeze-excitation gate: [N, 1, 1, C] times [N, H, W, C] (MUL broadcasts)."""
-        a, b = self.arg(node, 0), self.arg(node, 1)
-        if a.flat_from is not None or b.flat_from is not None:
-            raise self.fail(node, "cannot multiply values flattened from a spatial map")
-        return _V(self.g.op("MUL", [a.name, b.name], self.name(node)))
-
     def global_pool(self, node: fx.Node, size, keep_dims: bool = True) -> _V:
         if not global_pool_size_ok(size):
             raise self.fail(node, f"only global pooling (output size 1) is supported, got {size}")
@@ -433,16 +335,6 @@ class _Lowering:
 class _Quant:
     scale: np.ndarray
     axis: int
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-
-def _fusable(act: str | None) -> bool:
-    """TFLite fuses only ReLU and ReLU6 into a conv / fully connected op."""
-    return act in (None, "relu", "relu6")
-
 
 def lower(model: nn.Module, g: GraphBuilder, x: str, weights: dict[str, LayerWeights],
           features: list[str] | None = None) -> tuple[str, list[dict]]:

@@ -35,6 +35,7 @@ conv bias before a BN moves into the BN's running mean). The rules:
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import fx, nn
 
@@ -57,6 +58,12 @@ def pick_groups(channels: int, groups: int, where: str = "layer", divides=()) ->
     g = min(groups, channels // 4)
     while channels % (4 * g) or any(d % g for d in divides):
         g -= 1
+    if divides and g < min(groups, 4):
+        # no divisor of the conv's groups under the cap (RegNet's 13 or 26 groups of 8):
+        # the smallest one from 4 up, more ordering groups than asked rather than none
+        common = int(np.gcd.reduce(np.asarray(divides)))
+        more = [d for d in range(4, common + 1) if common % d == 0 and channels % (4 * d) == 0]
+        g = more[0] if more else g
     return g
 
 
