@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from edge_sdk.errors import ConfigError
 
 #: activation name -> is it positive-homogeneous (f(s z) = s f(z) for s >= 0)?
 HOMOGENEOUS = {"relu": True, "relu6": False, "hardswish": False, "hardsigmoid": False,
