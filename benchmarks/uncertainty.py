@@ -74,7 +74,10 @@ def _raw(manifest, xn: np.ndarray) -> np.ndarray:
 def _batch(model, xs: np.ndarray, alpha: float = 0.1, **kw):
     """predict_batch over chunks of 256 (one decision per chunk), arrays concatenated."""
     outs = [model.predict_batch(xs[i:i + 256], alpha=alpha, **kw) for i in range(0, len(xs), 256)]
-    cat = lambda f: np.concatenate([getattr(o, f) for o in outs])  # noqa: E731
+    def cat(f):  # a field the answering configuration lacks (all scope: no score) -> NaN
+        parts = [getattr(o, f) for o in outs]
+        return np.concatenate([np.full(len(o), np.nan) if p is None else p
+                               for o, p in zip(outs, parts)])
     return {"probs": cat("probs"), "conf": cat("confidence"), "ood": cat("ood_score"),
             "inside": cat("in_distribution"), "sets": cat("prediction_sets"),
             "configs": [p.config_id for o in outs for p in o]}
