@@ -211,3 +211,45 @@ def test_a_foreign_uncertainty_file_is_refused(model):
     arrays = {f"{w}/bank": np.zeros((2, 3), np.int8) for w in idx["widths"]}
     with pytest.raises(BundleError, match=f"widths.{wk}: bank must be int8"):
         Uncertainty.from_bytes(encode_store(Store(idx, arrays)))
+
+
+def _mutated(model, **change):
+    from edge_sdk.store import Store, decode_store, encode_store
+
+    blob = (model.bundle_dir / FILE_NAME).read_bytes()
+    store = decode_store(blob)
+    idx = json_copy(store.index)
+    for path, value in change.items():
+        node = idx
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return encode_store(Store(idx, {k: np.array(v) for k, v in store.arrays.items()}))
+
+
+def json_copy(obj):
+    import json
+
+    return json.loads(json.dumps(obj))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"k": 0}, "k must be an integer >= 1"), ({"k": True}, "k must be an integer >= 1"),
+    ({"k": 10 ** 9}, "bank must be int8"), ({"accept": 1.5}, "accept must be in"),
+    ({"score": "energy"}, "score 'energy'"), ({"alphas": [0.1]}, "alphas"),
+    ({"raps": {}}, "raps must hold"), ({"widths": {}}, "at least one width"),
+    ({"configs": []}, "configs must be a mapping")])
+def test_a_malformed_index_is_a_bundle_error_naming_it(model, change, match):
+    with pytest.raises(BundleError, match=match):
+        Uncertainty.from_bytes(_mutated(model, **change))
+
+
+def test_non_finite_or_short_quantiles_are_refused(model):
+    cid = model.manifest.ids[0]
+    wk = next(iter(model.uncertainty.widths))
+    for change, match in (({f"configs__{cid}__lac": [0.5]}, "expected 10 quantiles"),
+                          ({f"configs__{cid}__lac": ["x"] * 10}, "expected a finite number"),
+                          ({f"widths__{wk}__threshold": "nan"}, "expected a finite number")):
+        with pytest.raises(BundleError, match=match):
+            Uncertainty.from_bytes(_mutated(model, **change))
