@@ -170,8 +170,9 @@ class Uncertainty:
         f = np.asarray(features, np.float32).reshape(-1, st.dim)
         norms = np.sqrt(np.einsum("nd,nd->n", f, f))
         sims = f @ st.bank.T  # [N, rows]
-        m = sims.shape[1]
-        kth = np.partition(sims, m - self.k, axis=1)[:, m - self.k]
+        pos = sims.shape[1] - self.k
+        sims.partition(pos, axis=1)
+        kth = sims[:, pos]
         return -(kth / np.maximum(norms, 1e-12)).astype(np.float64)
 
     def score_one(self, width_key: str, features: np.ndarray) -> float:
@@ -179,10 +180,10 @@ class Uncertainty:
         and one partition)."""
         st = self.widths[width_key]
         f = features.reshape(-1)
-        sims = st.bank @ f
-        m = sims.shape[0]
-        norm = math.sqrt(float(f @ f))
-        return -float(np.partition(sims, m - self.k)[m - self.k]) / max(norm, 1e-12)
+        sims = st.bank @ f  # a fresh array: partitioned in place (no copy, ~10 % faster)
+        pos = sims.shape[0] - self.k
+        sims.partition(pos)
+        return -float(sims[pos]) / max(math.sqrt(float(f @ f)), 1e-12)
 
     # ---- conformal sets ------------------------------------------------------------------
     def qhat(self, key: str, method: str, alpha: float) -> float | None:
