@@ -115,6 +115,11 @@ def row(name: str, args) -> dict:
     except (EdgeSdkError, ValueError) as e:
         out.update(nested=f"refused: {str(e).splitlines()[0]}", seconds=time.time() - t0)
         return out
+    if args.macs_only:  # goal 3's figures: MACs counted from each width's graph, nothing run
+        macs = {w: graph_stats(lower_point_slice(model.truncate(w).eval(), (1, size, size, 3),
+                                                 "float")[0])["macs"] for w in WIDTHS}
+        out.update(nested="yes", macs=macs, seconds=time.time() - t0)
+        return out
     x, y, xt = data(args.images, size)
     model.eval()
     with torch.no_grad():
@@ -161,6 +166,8 @@ def main() -> None:
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--residual", default="inner", choices=["inner", "stage"])
     p.add_argument("--nest-stem", action="store_true")
+    p.add_argument("--macs-only", action="store_true",
+                   help="only nest and count each width's MACs (no training, no interpreter)")
     p.add_argument("--tflite-runtime", metavar="PYTHON", default=None,
                    help="a Python with tflite-runtime 2.14: every slice runs there too")
     args = p.parse_args()

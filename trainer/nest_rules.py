@@ -139,7 +139,7 @@ def _pad_at_end(node: fx.Node, env: dict, plan: Plan) -> list:
 
 
 def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
-    """Every path from a masked ReLU6 output must reach a conv / depthwise / linear layer through
+    """Every path from a masked non-homogeneous output (ReLU6, Hardswish, SiLU) must reach a conv / depthwise / linear layer through
     ops that commute with a positive per-channel scale; the rescale folds into its inputs."""
     heads = {b.node: b for b in plan.blocks}
     for b in plan.blocks:
@@ -166,7 +166,7 @@ def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
                                          if isinstance(a, fx.Node)):
                 what = "a product of two scaled values (the scale would be squared)"
             if what is not None:
-                raise fail(n, f"the keep-probability rescale of the masked ReLU6 layer "
+                raise fail(n, f"the keep-probability rescale of the masked {b.activation} layer "
                               f"{b.node.name!r} cannot pass {what}; use ReLU there, or "
                               f"residual='inner'")
             todo.extend(n.users)

@@ -263,7 +263,7 @@ class _Unsupported(nn.Module):
     (lambda: ResNet20Cifar(shortcut="A"), {}, r"fx node 'pad' \(call_function pad\) in module "
                                               r"'layers.3': pads channels on both sides.*option A"),
     (_ReluSixAdd, {"residual": "stage", "nest_stem": True},
-     r"fx node 'add' .*rescale of the masked ReLU6 layer 'b' cannot pass an add"),
+     r"fx node 'add' .*rescale of the masked relu6 layer 'b' cannot pass an add"),
 ])
 def test_an_unsupported_op_or_unmet_rule_names_its_node(net, kw, match):
     with pytest.raises(ConfigError, match=match):
