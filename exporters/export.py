@@ -61,7 +61,7 @@ class ExportOptions:
     # "files": one .tflite per configuration file, for apps outside Python
     layout: str = "store"
     # sigma on a per-layer codebook of 2**sigma_bits log-spaced values (store layout, sampled
-    # scopes): 4 bits measured within noise of exact sigma (docs/guide.md "Export", docs/store.md §2)
+    # scopes): 4 bits measured within noise of exact sigma (docs/export.md, docs/store.md §2)
     sigma_bits: int = 4
     # a layer's sigma relative to its decoded weight (sigma / max(|mu|, step/2): sqrt(alpha))
     # on a 0- or 1-bit codebook where that is within this RMS log error, else the 4-bit

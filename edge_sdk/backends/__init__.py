@@ -207,7 +207,7 @@ def interpreter_class(backend: str | None = None) -> tuple[Any, str]:
         except BackendError as e:
             reasons.append(str(e) if _installed(name) else f"{name} is not installed")
     raise BackendError("no usable TFLite interpreter: " + "; ".join(reasons) + ". Install one: "
-                       + "; or ".join(INSTALL.values()) + " (docs/guide.md, 'Backends')")
+                       + "; or ".join(INSTALL.values()) + " (docs/runtime.md, 'Backends')")
 
 
 def available() -> list[str]:
