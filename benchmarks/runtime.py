@@ -61,6 +61,87 @@ def latency_table(model, configs, x, repeats: int) -> dict[str, float]:
     return e2e
 
 
+def _budget_for(model, c):
+    """A latency budget under which the policy picks ``c`` (its predicted end-to-end latency
+    plus 25 %, clear of the 10 % hysteresis): the policy-chosen calls of :func:`sdk_table`."""
+    return edge_sdk.Budget(latency_ms=model.policy.predicted_latency_ms(c) * 1.25)
+
+
+def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dict]:
+    """The SDK's own time per call (issue 34 goal 5): per configuration, interleaved call by
+    call so the machine's drift hits all alike, the median over ``calls`` of
+    raw invoke (the interpreter's ``invoke()`` alone, what ``edge-sdk bench`` subtracts),
+    raw set+invoke+get (what any caller of the interpreter must do), ``predict`` pinned
+    (``config_id``) and policy-chosen (a budget 25 % above the configuration's predicted
+    latency; 'by' names who answered), with the uncertainty fields off
+    (``load(uncertainty=False)``) and on (when the bundle has them). Each timed from outside
+    (perf_counter around the one call). SDK µs = median predict - median raw invoke."""
+    off = edge_sdk.load(bundle, threads=threads, uncertainty=False)
+    on = edge_sdk.load(bundle, threads=threads) if off.manifest.uncertainty is not None \
+        else None
+    models = [("off", off)] + ([("on", on)] if on is not None else [])
+    print(f"median of {calls} calls each, interleaved; {threads} thread(s); input "
+          f"{off.input_spec.dtype} {list(off.input_spec.shape[1:])}; uncertainty fields "
+          f"{'off / on' if on is not None else 'off (the bundle has none)'}")
+    head = f"{'config':<14}{'invoke':>8}{'s+i+g':>8}"
+    for u, _ in models:
+        head += f"{'pin ' + u:>9}{'SDK us':>8}{'pol ' + u:>9}{'SDK us':>8}{'by':>14}"
+    print(head + "   (ms unless us)")
+    rows = []
+    for c in configs:
+        raw = off._build(c)  # private interpreters, never the models' own
+        xin = off._prepare(x, "x")
+        budgets = {u: _budget_for(m, c) for u, m in models}
+        for u, m in models:  # first use, and a few calls for the policy's estimates
+            for _ in range(50):
+                m.predict(x, config_id=c.id)
+            budgets[u] = _budget_for(m, c)
+            for _ in range(20):
+                m.predict(x, budgets[u])
+        t = {k: [] for k in ["invoke", "sig"] + [f"{k}{u}" for u, _ in models
+                                                 for k in ("pin", "pol")]}
+        who: dict[str, dict[str, int]] = {u: {} for u, _ in models}
+        clock = time.perf_counter
+        for _ in range(calls):
+            t0 = clock()
+            for it, _, _ in raw:
+                it.invoke()
+            t1 = clock()
+            for it, inp, out in raw:
+                it.set_tensor(inp, xin)
+                it.invoke()
+                it.get_tensor(out)
+            t2 = clock()
+            t["invoke"].append(t1 - t0)
+            t["sig"].append(t2 - t1)
+            for u, m in models:
+                t0 = clock()
+                m.predict(x, config_id=c.id)
+                t1 = clock()
+                p = m.predict(x, budgets[u])
+                t2 = clock()
+                t[f"pin{u}"].append(t1 - t0)
+                t[f"pol{u}"].append(t2 - t1)
+                who[u][p.config_id] = who[u].get(p.config_id, 0) + 1
+        med = {k: med_ms(v) for k, v in t.items()}
+        row = {"config": c.id, "scope": c.scope, "invoke_ms": med["invoke"],
+               "set_invoke_get_ms": med["sig"]}
+        line = f"{c.id:<14}{med['invoke']:>8.4f}{med['sig']:>8.4f}"
+        for u, _ in models:
+            by = max(who[u], key=who[u].get)
+            share = who[u][by] / calls
+            for k in ("pin", "pol"):
+                row[f"{k}_{u}_ms"] = med[f"{k}{u}"]
+                row[f"{k}_{u}_sdk_us"] = (med[f"{k}{u}"] - med["invoke"]) * 1e3
+            row[f"pol_{u}_by"] = by
+            line += (f"{med['pin' + u]:>9.4f}{row[f'pin_{u}_sdk_us']:>8.1f}"
+                     f"{med['pol' + u]:>9.4f}{row[f'pol_{u}_sdk_us']:>8.1f}"
+                     f"{by + ('' if share > 0.99 else f' {share:.0%}'):>14}")
+        print(line, flush=True)
+        rows.append(row)
+    return rows
+
+
 def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
     """Samples/s of predict_batch(N) vs N looped predict() calls vs a raw batched invoke (the
     interpreter alone at batch N), per configuration, 1 thread. Separate models for the loop
@@ -212,8 +293,20 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,8,64")
     p.add_argument("--skip", default="", help="comma-separated sections to skip: "
                                               "latency,batch,switch,trace,cascade")
+    p.add_argument("--only", default="", help="comma-separated sections to run instead "
+                   "(also: sdk, the SDK's own time per call with the uncertainty fields off "
+                   "and on, pinned and policy-chosen, which no default run includes)")
+    p.add_argument("--sdk-calls", type=int, default=10000, help="calls per configuration "
+                   "and variant in the sdk section (medians)")
+    p.add_argument("--config", action="append", default=None, metavar="ID",
+                   help="only this configuration (repeatable; the sdk section)")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(",")))
+    if only:
+        skip = {"latency", "batch", "switch", "trace", "cascade", "sdk"} - only
+    elif "sdk" not in skip:
+        skip.add("sdk")
     model = edge_sdk.load(args.bundle, threads=1)
     spec = model.input_spec
     lo, hi = spec.value_range
@@ -222,6 +315,12 @@ def main() -> None:
     points = [c for c in configs if c.scope == "point"]
     full = max(points, key=lambda c: c.width)
     print(f"backend {model.backend}; 1 thread; {args.bundle}")
+    picked = configs if not args.config else [model._config(cid) for cid in args.config]
+    if "sdk" not in skip:
+        from edge_sdk.commands import bench_input
+
+        print(f"\n== the SDK's own time per call (issue 34), median of {args.sdk_calls}")
+        sdk_table(args.bundle, picked, bench_input(spec), args.sdk_calls)
 
     e2e = None
     if "latency" not in skip:

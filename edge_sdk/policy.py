@@ -115,6 +115,7 @@ class Policy:
         self._measured: dict = {}
         self.first_use_ms: dict[str, float] = {}  # creation + first invoke, kept out of the EWMA
         self._last: str | None = None
+        self._single: dict[str, Stage] = {}  # call_stages' one-stage plans
         self.configs = configs
 
     @property
@@ -245,9 +246,12 @@ class Policy:
     def memory_limit_mb(self, budget: Budget) -> float:
         """The tightest of the memory budget, the memory available now and ``memory_cap_mb``."""
         limit = self.memory.available_mb()
-        for v in (budget.memory_mb, self.memory_cap_mb):
-            if v is not None:
-                limit = min(limit, v)
+        v = budget.memory_mb
+        if v is not None and v < limit:
+            limit = v
+        v = self.memory_cap_mb
+        if v is not None and v < limit:
+            limit = v
         return limit
 
     def fits(self, c: Configuration, budget: Budget, slack: float = 1.0, n: int = 1) -> bool:
@@ -346,6 +350,36 @@ class Policy:
                     f"{budget.latency_ms:g} ms by {pred - budget.latency_ms:.4g} ms")
 
     # ---- the plan --------------------------------------------------------------------------
+    def call_stages(self, budget: Budget, strict: bool = False, n: int = 1
+                    ) -> tuple[Stage, ...]:
+        """``plan(budget, strict, n).stages``, what the runtime executes, made cheaply in the
+        common case (issue 34: ``plan`` cost 6 us a call): the ``best`` policy whose choice is
+        the incumbent (or the first choice) needs neither the hysteresis nor a reason, so the
+        first configuration in the rule's order that fits is taken and its one stage (cached;
+        ``predicted_ms``, read only for a cascade's later stages, is 0) returned. Anything
+        else goes through :meth:`plan`. Records the decision as :meth:`plan` does."""
+        if self.mode == "best":
+            latency, last = budget.latency_ms, self._last
+            limit = self.memory_limit_mb(budget)
+            need, now = self._need, None
+            for c in self._ranked:
+                if need[c.id] > limit:
+                    continue
+                if latency is not None:
+                    if now is None:
+                        now = self._clock()
+                    if self._predicted(c, now, n) > latency:
+                        continue
+                if last is None or last == c.id:
+                    self._calls += 1
+                    self._last = c.id
+                    st = self._single.get(c.id)
+                    if st is None:
+                        st = self._single[c.id] = Stage(c, None, 0.0)
+                    return (st,)
+                break
+        return self.plan(budget, strict, n).stages
+
     def plan(self, budget: Budget, strict: bool = False, n: int = 1) -> Plan:
         """The stages of a call (see the module docstring). Records the decision."""
         best, ok = self.choose(budget, strict, n=n)

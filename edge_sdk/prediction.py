@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -13,11 +13,30 @@ from edge_sdk.bundle import Configuration
 from edge_sdk.errors import OutputError
 
 
-@dataclass(frozen=True)
+_new = object.__new__
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
 class Prediction:
+    """One sample's answer. Immutable: ``probs`` is a read-only float64 numpy array ``[C]``
+    (``p.probs[0] = 1`` raises ``ValueError``), every other field a plain Python value.
+
+    Equality and hashing (defined here, since numpy arrays have neither as a value): two
+    predictions are equal when every field is, ``probs`` compared exactly element by element
+    (:func:`numpy.array_equal`); the hash is that of the fields with ``probs`` as a tuple of
+    floats, so equal predictions hash alike and predictions can be set members or dict keys.
+    Predictions of two calls are rarely equal (``latency_ms`` differs): compare the fields
+    you mean, e.g. ``np.allclose(a.probs, b.probs)``. :meth:`to_dict` gives plain Python
+    values (``probs`` a list of floats), what ``edge-sdk run --json`` prints."""
+
     label: int
     class_name: str
-    probs: tuple[float, ...]  # calibrated (the configuration's temperature), model-averaged
+    probs: np.ndarray  # [C] float64, read-only: calibrated (the configuration's T), averaged
     confidence: float  # max of probs
     entropy: float  # predictive entropy H[mean_s p_s] (nats)
     mutual_info: float  # predictive - expected entropy, >= 0 (0 for a point configuration)
@@ -45,7 +64,26 @@ class Prediction:
     prediction_set: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field as plain Python values (JSON-ready: ``probs`` a list of floats)."""
+        d = {f: getattr(self, f) for f in _FIELDS}
+        d["probs"] = self.probs.tolist()
+        return d
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        for f in _FIELDS:
+            a, b = getattr(self, f), getattr(other, f)
+            if not (np.array_equal(a, b) if f == "probs" else a == b):
+                return False
+        return True
+
+    def __hash__(self) -> int:
+        return hash(tuple(tuple(self.probs.tolist()) if f == "probs" else getattr(self, f)
+                          for f in _FIELDS))
+
+
+_FIELDS = tuple(f.name for f in fields(Prediction))
 
 
 def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], float, float]:
@@ -67,7 +105,30 @@ def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], fl
         if not (math.isfinite(entropy) and math.isfinite(s)):  # NaN or inf in: never NaN out
             _non_finite(c, logits)
         return probs, max(entropy, 0.0), 0.0
-    z = logits.astype(np.float64) * inv_t
+    # several rows (head, all): numpy, with as few calls as the maths allows (issue 34: a
+    # reduction costs ~1 us on [8, 10] and keepdims twice that): one shift by the global
+    # maximum (a row far below it underflows: then the per-row shift of _rows_exact)
+    rows = logits.shape[0]
+    z = logits.astype(np.float64)
+    z *= inv_t
+    z -= float(_MAXR(z, axis=None))
+    e = np.exp(z)
+    s = _ADDR(e, 1)
+    e /= s[:, None]  # p_s, [S, C]
+    expected = (sum(np.log(s).tolist()) - float(np.vdot(e, z))) / rows
+    if not math.isfinite(expected):
+        return _rows_exact(c, logits)
+    probs = (_ADDR(e, 0) * (1.0 / rows)).tolist()
+    entropy = -sum([v * math.log(v) for v in probs if v > 0.0])
+    if not math.isfinite(sum(probs)):
+        _non_finite(c, logits)
+    return probs, max(entropy, 0.0), max(entropy - expected, 0.0)
+
+
+def _rows_exact(c: Configuration, logits: np.ndarray) -> tuple[list[float], float, float]:
+    """:func:`probabilities` of several rows, each shifted by its own maximum (the general
+    path: no row underflows); non-finite logits are refused."""
+    z = logits.astype(np.float64) * (1.0 / c.temperature)
     z -= z.max(-1, keepdims=True)
     e = np.exp(z)
     s = e.sum(-1, keepdims=True)
@@ -78,6 +139,9 @@ def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], fl
     if not (math.isfinite(entropy) and math.isfinite(expected) and np.isfinite(p).all()):
         _non_finite(c, logits)
     return p.tolist(), entropy, max(entropy - expected, 0.0)
+
+
+_MAXR, _ADDR = np.maximum.reduce, np.add.reduce
 
 
 def _non_finite(c: Configuration, logits: np.ndarray):
@@ -94,7 +158,7 @@ class Draft:
     """An answer before the call's end-to-end time is known."""
 
     config: Configuration
-    probs: list[float]
+    probs: list[float] | np.ndarray  # a list (one sample) or a read-only row (a batch)
     entropy: float
     mutual_info: float
     label: int
@@ -106,8 +170,8 @@ class Draft:
 
 def draft(c: Configuration, logits: np.ndarray) -> Draft:
     probs, entropy, mi = probabilities(c, logits)
-    label = max(range(len(probs)), key=probs.__getitem__)
-    return Draft(c, probs, entropy, mi, label, probs[label])
+    top = max(probs)
+    return Draft(c, probs, entropy, mi, probs.index(top), top)  # the first maximum
 
 
 def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft]:
@@ -129,9 +193,10 @@ def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft]:
     if not (np.isfinite(entropy).all() and np.isfinite(p).all() and np.isfinite(mi).all()):
         _non_finite(c, logits)
     labels = p.argmax(-1)  # the first maximum, as draft()
-    probs = p.tolist()
-    return [Draft(c, row, h, m, lab, row[lab]) for row, h, m, lab in
-            zip(probs, entropy.tolist(), mi.tolist(), labels.tolist())]
+    _readonly(p)  # each prediction's probs: a read-only row of it
+    conf = p[np.arange(len(p)), labels].tolist()
+    return [Draft(c, row, h, m, lab, cf) for row, h, m, lab, cf in
+            zip(p, entropy.tolist(), mi.tolist(), labels.tolist(), conf)]
 
 
 def finish(d: Draft, labels: tuple[str, ...] | list[str], target: str, latency_ms: float,
@@ -144,13 +209,21 @@ def finish(d: Draft, labels: tuple[str, ...] | list[str], target: str, latency_m
     threshold = c.thresholds[target]
     abstain = threshold is None or d.confidence < threshold or \
         (abstain_on_ood and d.in_distribution is False)
-    return Prediction(
-        label=d.label, class_name=labels[d.label], probs=tuple(d.probs),
+    probs = d.probs
+    if probs.__class__ is list:
+        probs = np.array(probs)
+        probs.setflags(write=False)
+    # (issue 34) built without the frozen dataclass' __init__ (19 object.__setattr__ calls,
+    # 2-3 us a call): the same fields, in the same order
+    p = _new(Prediction)
+    p.__dict__.update(
+        label=d.label, class_name=labels[d.label], probs=probs,
         confidence=d.confidence, entropy=d.entropy, mutual_info=d.mutual_info,
         abstain=abstain, width=c.width, scope=c.scope,
         samples=c.samples, config_id=c.id, latency_ms=latency_ms, budget_met=met,
         invoke_ms=invoke_ms, batch_size=batch_size, ood_score=d.ood_score,
         in_distribution=d.in_distribution, prediction_set=d.prediction_set)
+    return p
 
 
 class BatchPrediction(Sequence):
@@ -171,7 +244,7 @@ class BatchPrediction(Sequence):
         self.labels = ro(np.fromiter((p.label for p in self._preds), np.int64, n))
         self.confidence = ro(np.fromiter((p.confidence for p in self._preds), np.float64, n))
         self.probs = ro(np.asarray([p.probs for p in self._preds], np.float64)
-                        .reshape(n, classes))
+                        .reshape(n, classes))  # one copy: a cascade mixes stages' rows
         self.abstain = ro(np.fromiter((p.abstain for p in self._preds), bool, n))
         scored = n > 0 and all(p.ood_score is not None for p in self._preds)
         self.ood_score = ro(np.fromiter((p.ood_score for p in self._preds), np.float64, n)) \

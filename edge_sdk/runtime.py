@@ -277,7 +277,7 @@ class EdgeModel(Executor):
             stages = (self._pinned(config_id, budget, 1),)
         else:
             with self._lock:
-                stages = self.policy.plan(budget, self.strict).stages
+                stages = self.policy.call_stages(budget, self.strict)
         p = self._execute_one(xn, stages, budget, t0, alpha)
         if self._recorder is not None:
             self._recorder.add((p,), budget)
@@ -303,7 +303,7 @@ class EdgeModel(Executor):
             stages = (self._pinned(config_id, budget, n),)
         else:
             with self._lock:
-                stages = self.policy.plan(budget, self.strict, n=n).stages
+                stages = self.policy.call_stages(budget, self.strict, n)
         # one sample: the single-call path (the same answer, without the batch bookkeeping)
         preds = [self._execute_one(xn, stages, budget, t0, alpha)] if n == 1 else \
             self._execute_batch(xn, stages, budget, t0, alpha)
@@ -432,9 +432,13 @@ class EdgeModel(Executor):
         spent = 0.0
         files = c.files
         if len(files) == 1:  # point and head: the common case, kept lean
-            entry = cache.get(files[0].name)
+            name = files[0].name
+            entry = cache.get(name)
             if entry is not None:
-                cache.move_to_end(files[0].name)
+                if self.memory_cap_mb is not None:  # the LRU order matters only for eviction
+                    cache.move_to_end(name)
+                if entry[1] == n and c.id in self.policy.first_use_ms:
+                    return [entry[0]], 0.0  # resident at this batch size: nothing to do
                 entries = (entry,)
             else:
                 entries, spent = self._add(cache, c, files)
