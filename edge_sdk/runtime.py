@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -495,8 +495,14 @@ class EdgeModel(Executor):
         return self._invoke(interps, x)
 
 
-def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
-         threads: int | None = None, **kwargs) -> EdgeModel:
+def load(bundle_dir: str | os.PathLike, profile: str | os.PathLike | None = "auto",
+         threads: int | None = None, *, policy: str = "best", target_accuracy: float = 0.95,
+         strict: bool = False, memory_cap_mb: float | None = None, backend: str | None = None,
+         trusted_keys: Sequence[str | os.PathLike | bytes] | None = None,
+         hysteresis: float = 0.1, half_life_s: float = 10.0, half_life_calls: int = 200,
+         uncertainty: bool = True, alpha: float = 0.1, conformal: str = "lac",
+         abstain_on_ood: bool = True, memory_reader: Callable[[], float] | None = None,
+         clock: Callable[[], float] = time.perf_counter) -> EdgeModel:
     """Load and verify a bundle (schema version, every file's sha256) before anything runs.
 
     A store bundle (schema version 3 or 4, ``layout: store``): ``store.bin`` is read once, its size
@@ -523,5 +529,36 @@ def load(bundle_dir: str | Path, profile: str | os.PathLike | None = "auto",
     policy's tunables ``hysteresis`` (headroom a better configuration needs to replace the
     incumbent, default 0.1), ``half_life_s`` / ``half_life_calls`` (how fast a measurement
     ages toward the prior, default 10 s / 200 decisions).
+
+    Args:
+        bundle_dir: the bundle directory (``manifest.yaml`` and its files).
+        profile: "auto", a built-in device profile name, a profile YAML path, or None.
+        threads: interpreter threads (None: the runtime's default).
+        policy: "best" (the best configuration that fits) or "cascade" (narrow first, widen
+            when unsure).
+        target_accuracy: which exported confidence threshold ``abstain`` uses.
+        strict: raise :class:`BudgetNotMetError` instead of answering outside the budget.
+        memory_cap_mb: resident interpreters (and store slices) per thread, LRU-evicted; also
+            a memory limit of every decision.
+        backend: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
+            installed).
+        trusted_keys: Ed25519 public keys (PEM paths or bytes); only a bundle one of them
+            signed loads.
+        hysteresis: headroom a better configuration needs to replace the incumbent.
+        half_life_s: seconds after which a latency measurement counts half toward the prior.
+        half_life_calls: decisions after which it counts half.
+        uncertainty: compute ``ood_score``, ``in_distribution`` and ``prediction_set`` (issue
+            33; False: those fields are None and the call costs only the answer).
+        alpha: the prediction sets' miscoverage (coverage >= 1 - alpha).
+        conformal: the sets' score, "lac", "aps" or "raps".
+        abstain_on_ood: ``abstain`` also when ``in_distribution`` is False.
+        memory_reader: MB available now (tests; default psutil).
+        clock: the timer every latency is measured with (tests; default perf_counter).
     """
-    return EdgeModel(bundle_dir, profile=profile, threads=threads, **kwargs)
+    return EdgeModel(bundle_dir, profile=profile, threads=threads, policy=policy,
+                     target_accuracy=target_accuracy, strict=strict,
+                     memory_cap_mb=memory_cap_mb, backend=backend, trusted_keys=trusted_keys,
+                     hysteresis=hysteresis, half_life_s=half_life_s,
+                     half_life_calls=half_life_calls, uncertainty=uncertainty, alpha=alpha,
+                     conformal=conformal, abstain_on_ood=abstain_on_ood,
+                     memory_reader=memory_reader, clock=clock)
