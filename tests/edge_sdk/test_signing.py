@@ -104,7 +104,8 @@ def test_a_signed_bundle_loads_with_its_key_and_answers_as_unsigned(bundle, sign
         m = edge_sdk.load(signed, profile=None, trusted_keys=trusted)
         assert m.signed
         for c in m.manifest.configurations:
-            assert m.predict(x, config_id=c.id).probs == plain.predict(x, config_id=c.id).probs
+            assert np.array_equal(m.predict(x, config_id=c.id).probs,
+                                  plain.predict(x, config_id=c.id).probs)
 
 
 @needs_crypto

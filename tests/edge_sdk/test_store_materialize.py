@@ -113,7 +113,7 @@ def test_a_compressed_store_bundle_loads_and_predicts_as_the_plain_one(tiny, tmp
     x = _x(3)
     for c in m.configurations:
         got, want = model.predict(x, config_id=c.id), plain.predict(x, config_id=c.id)
-        assert got.probs == want.probs and got.label == want.label
+        assert np.array_equal(got.probs, want.probs) and got.label == want.label
     # a flipped bit in the compressed file: refused by the sha256, before a byte is inflated
     import edge_sdk.store.container as container
 
@@ -183,7 +183,7 @@ def test_lru_under_the_memory_cap_rematerialises_and_reverifies(tiny, monkeypatc
     for _ in range(2):
         for i in ids:
             model._local.__dict__.clear()  # this thread's interpreters too: bytes are needed
-            assert model.predict(x, config_id=i).probs == first[i]
+            assert np.array_equal(model.predict(x, config_id=i).probs, first[i])
             assert src.resident_bytes() <= src.cap_bytes
     made = src.materialized
     assert made > len(m.file_entries())  # evicted slices were made again
@@ -218,8 +218,8 @@ def test_edge_sdk_materialize_round_trip(tiny, tmp_path, capsys):
     b = edge_sdk.load(out, profile=None, memory_reader=lambda: PLENTY_MB)
     for c in store_m.configurations:
         for seed in range(3):
-            assert a.predict(_x(seed), config_id=c.id).probs == \
-                b.predict(_x(seed), config_id=c.id).probs
+            assert np.array_equal(a.predict(_x(seed), config_id=c.id).probs,
+                                  b.predict(_x(seed), config_id=c.id).probs)
 
 
 def test_read_slices_refuses_a_store_bundle(tiny):
