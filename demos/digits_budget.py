@@ -312,8 +312,11 @@ def summary_markdown(trace: dict) -> str:
         f"`{run['command']}` on {host['cpus']} CPUs ({host['system']}, Python {host['python']}, "
         f"backend `{run['backend']}`{load}): **{run['total_s']:.1f} s** wall in all — {times}. "
         f"Digits: {data['train']} training, {data['val']} validation, {data['test']} test "
-        f"samples; {run['epochs']} epochs, quantizer `{run['method']}`, {run['samples']} "
-        f"posterior samples per sampled configuration.",
+        f"samples; {run['epochs']} epochs, quantizer `{run['method']}`, "
+        + (f"{run['samples']} posterior samples per sampled configuration."
+           if any(not str(c["id"]).endswith("-point") for c in run["configurations"])
+           else "point slices only (sampled scopes add nothing measurable: "
+                "docs/uncertainty.md)."),
         "",
         f"Stage 3/5 prints the bundle's configurations (`{run['bundle']}/manifest.yaml`; test "
         f"split, {run['evaluated']} samples; ms and MB measured on this host):",
