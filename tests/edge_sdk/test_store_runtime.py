@@ -134,8 +134,8 @@ def test_a_store_bundle_loads_and_predicts_as_its_files_do(bundle, fake):
     widths = {c.width for c in m.configurations}
     assert len(reps) == 3 * len(widths)  # point, one sample, one head per width
     for c in files_model.manifest.configurations:
-        assert model.predict(x, config_id=c.id).probs == files_model.predict(
-            x, config_id=c.id).probs
+        assert np.array_equal(model.predict(x, config_id=c.id).probs,
+                              files_model.predict(x, config_id=c.id).probs)
     assert model.predict(x).label == files_model.predict(x).label
     # every slice materialised once: the cache is unbounded without memory_cap_mb
     assert sorted(fakes.calls) == sorted(model._slices.names())
@@ -278,7 +278,7 @@ def test_threads_predict_from_a_store_bundle_under_a_memory_cap(bundle, fake):
     for t in threads:
         t.join(120)
     assert not errors and len(answers) == 4 * 3 * len(ids)
-    assert all(p == want[i] for i, p in answers)
+    assert all(np.array_equal(p, want[i]) for i, p in answers)
     assert model._slices.resident_bytes() <= cap * 2 ** 20 or len(model._slices.resident()) == 1
     # evicted slices were materialised again (and verified again: the fake counts every call)
     assert len(fakes.calls) > len(model._slices.names())
@@ -341,7 +341,8 @@ def test_edge_sdk_materialize_writes_the_files_bundle(bundle, fake, tmp_path, ca
     a = edge_sdk.load(out, profile=None, memory_reader=lambda: PLENTY_MB)
     b = edge_sdk.load(path, profile=None, memory_reader=lambda: PLENTY_MB)
     for c in store_m.configurations:
-        assert a.predict(x, config_id=c.id).probs == b.predict(x, config_id=c.id).probs
+        assert np.array_equal(a.predict(x, config_id=c.id).probs,
+                              b.predict(x, config_id=c.id).probs)
     with pytest.raises(BundleError, match="already exists"):
         materialize_main([str(path), "--out", str(out)])
     assert materialize_main([str(path), "--out", str(out), "--force"]) == 0
@@ -372,7 +373,8 @@ def test_earlier_schema_versions_still_load(bundle, tmp_path):
     new = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
     assert old.manifest.schema_version == 2 and old._slices.layout == "files"
     for c in new.manifest.configurations:
-        assert old.predict(x, config_id=c.id).probs == new.predict(x, config_id=c.id).probs
+        assert np.array_equal(old.predict(x, config_id=c.id).probs,
+                              new.predict(x, config_id=c.id).probs)
 
 
 def test_load_checks_each_representative_once_and_known_wrong_names_who_stands_on_it():

@@ -193,7 +193,7 @@ def test_a_file_swapped_after_load_never_runs(bundle, tmp_path):
     model = edge_sdk.load(copy, profile=None)
     x = _x(bundle)
     ids = list(_configs(bundle))
-    before = {i: model.predict(x, config_id=i).probs for i in ids}
+    before = {i: tuple(model.predict(x, config_id=i).probs) for i in ids}
     names = sorted(p.name for p in copy.glob("*.tflite"))
     blobs = [(copy / n).read_bytes() for n in names]
     for n, blob in zip(names, blobs[1:] + blobs[:1]):  # every file gets another one's bytes
@@ -202,11 +202,11 @@ def test_a_file_swapped_after_load_never_runs(bundle, tmp_path):
     model._local.__dict__.clear()  # this thread's interpreters are rebuilt too
     after: dict = {}
     t = threading.Thread(target=lambda: after.update(
-        {i: model.predict(x, config_id=i).probs for i in ids}))
+        {i: tuple(model.predict(x, config_id=i).probs) for i in ids}))
     t.start()
     t.join(60)
     assert after == before
-    assert {i: model.predict(x, config_id=i).probs for i in ids} == before
+    assert {i: tuple(model.predict(x, config_id=i).probs) for i in ids} == before
     with pytest.raises(BundleError):  # while a fresh load() sees the swap
         edge_sdk.load(copy, profile=None)
 

@@ -429,7 +429,10 @@ def test_bundle_manifest_and_files(bundles, kind):
         assert set(c.test) == {"raw", "calibrated"}
         names += [f.name for f in c.files]
     assert len(names) == 2 * (1 + 1 + S)
-    assert sorted(p.name for p in out.iterdir()) == sorted(names + ["manifest.yaml"])
+    # issue 33: uncertainty.bin, listed in the manifest like the slices
+    assert man.uncertainty is not None and man.uncertainty.name == "uncertainty.bin"
+    assert sorted(p.name for p in out.iterdir()) == sorted(names + ["manifest.yaml",
+                                                                    "uncertainty.bin"])
     # nothing half-written left next to the bundle
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
 
@@ -538,7 +541,8 @@ def test_force_replaces_the_bundle(checkpoints, workdir):
     man = read_manifest(out, verify=True)
     assert list(man.ids) == ["w1.00-point"]
     # the default layout: one weight store, the slice materialised from it
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.yaml", "store.bin"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.yaml", "store.bin",
+                                                     "uncertainty.bin"]
     # ... and version 1 with compress_store=False (for a device reader older than version 2)
     assert (out / "store.bin").read_bytes()[8:12] == (1).to_bytes(4, "little")
     assert not [p for p in workdir.iterdir() if p.name.startswith(".forced")]
