@@ -203,6 +203,12 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
     torch.manual_seed(opts.seed)
     ckpt = ckpt_io.load_checkpoint(checkpoint)
     kind = posterior_kind(ckpt)
+    if opts.layout == "store" and opts.weights == "float" and kind == "gaussian":
+        # (issue 35) the store keeps a gaussian posterior's means as int8 codes
+        # (exporters.store._layer_arrays): its slices would not be fp32, whatever the manifest said
+        raise ConfigError("--weights float: the store layout keeps a gaussian posterior's "
+                          "weights as int8 codes, so its slices would not be fp32; use --layout "
+                          "files --weights float, or --weights dequantize with the store")
     cfg = config_from_dict(ckpt["config"])
     model = ckpt_io.model_from_checkpoint(ckpt)
     widths = snapped_widths(model, opts.widths, log)

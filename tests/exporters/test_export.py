@@ -732,3 +732,12 @@ def test_export_and_quantize_refuse_data_that_changed_since_training(workdir):
     ckpt_io.save_checkpoint(broken, workdir / "broken_spec.pt")
     with pytest.raises(CheckpointError, match=r"input spec is not valid: input_spec\.std\[0\]"):
         export_bundle(workdir / "broken_spec.pt", workdir / "broken_bundle", opts, **QUIET)
+
+
+def test_weights_float_in_the_store_layout_is_refused_not_misstated(checkpoints, workdir):
+    """Issue 35: a gaussian store holds int8 codes; a manifest saying `weights: float` would lie."""
+    out = workdir / "float-store"
+    with pytest.raises(ConfigError, match="--weights float: the store layout keeps"):
+        export_bundle(checkpoints["gaussian"], out, ExportOptions(
+            widths=[1.0], measure=False, max_eval=20, layout="store", weights="float"), **QUIET)
+    assert not out.exists()
