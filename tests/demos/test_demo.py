@@ -80,7 +80,12 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
     # differ by less than their timing noise may swap places: allow 3 % (one run failed on
     # phase means of 0.031726 vs 0.031720 ms, 0.02 % apart)
     cost = lambda rs: np.mean([by_id[r["config_id"]].latency_ms for r in rs])  # noqa: E731
-    assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"])
+    budget = lambda name: phases[name][0]["budget_latency_ms"]  # noqa: E731
+    # the demo may give both phases the same budget (the tightest one a configuration met on
+    # >= 98 % of its warm-up calls): then they are one constraint and which of two equally
+    # fitting configurations answers is timing noise, not a costlier choice
+    if budget("CPU shared") < budget("battery saver"):
+        assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"])
     assert cost(phases["battery saver"]) <= 1.03 * cost(phases["unconstrained"])
     # the cascade climbs widths within one scope
     assert len({by_id[r["config_id"]].scope for r in phases["cascade"]}) == 1
