@@ -93,13 +93,6 @@ def _quantiles(probs: np.ndarray, labels: np.ndarray) -> dict[str, list[float | 
     return out
 
 
-def _probs(logits: np.ndarray, temperature: float) -> np.ndarray:
-    z = logits.astype(np.float64) / temperature
-    z -= z.max(1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(1, keepdims=True)
-
-
 def _coverage(probs: np.ndarray, labels: np.ndarray, q: float | None, method: str) -> dict:
     q = math.inf if q is None else q
     mask = class_scores(probs, method, RAPS["lam"], RAPS["k_reg"]) <= q
@@ -153,7 +146,7 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
         test_logits, test_f = run_outputs(buf, ev.test_x)
         s_test = stats.score(wk, test_f)
         t = by_id[cid]["temperature"]
-        test_p = _probs(test_logits, t)
+        test_p = M.softmax(test_logits.astype(np.float64), temperature=t)
         row: dict = {"config": cid, "dim": int(bank.shape[1]), "threshold": threshold,
                      "bank_bytes": int(bank.nbytes),
                      "test_accepted": float(f"{(s_test <= threshold).mean():.4g}")}
