@@ -15,7 +15,8 @@ reference is the slice in float64), torch f32 = the same for torch's own float32
 slice's conditioning: TFLite cannot be expected below it),
 width1 = the same for the freshly nested network at width 1.0 against the source network
 (before training, default arguments), MACs counted from each slice's graph (and the ratio to
-width 1), seconds for the whole row.
+width 1), bytes = each width's float TFLite file (KB), mono = MACs and bytes strictly
+increase with width, seconds for the whole row.
 
     .venv/bin/python benchmarks/any_cnn.py resnet18 mobilenet_v3_small --steps 200
 """
@@ -116,9 +117,12 @@ def row(name: str, args) -> dict:
         out.update(nested=f"refused: {str(e).splitlines()[0]}", seconds=time.time() - t0)
         return out
     if args.macs_only:  # goal 3's figures: MACs counted from each width's graph, nothing run
-        macs = {w: graph_stats(lower_point_slice(model.truncate(w).eval(), (1, size, size, 3),
-                                                 "float")[0])["macs"] for w in WIDTHS}
-        out.update(nested="yes", macs=macs, seconds=time.time() - t0)
+        macs, nbytes = {}, {}
+        for w in WIDTHS:
+            sl = model.truncate(w).eval()
+            macs[w] = graph_stats(lower_point_slice(sl, (1, size, size, 3), "float")[0])["macs"]
+            nbytes[w] = len(export_point_slice(sl, (1, size, size, 3), weights="float")[0])
+        out.update(nested="yes", macs=macs, bytes=nbytes, seconds=time.time() - t0)
         return out
     x, y, xt = data(args.images, size)
     model.eval()
@@ -137,7 +141,7 @@ def row(name: str, args) -> dict:
         out["loss"] = float(loss)
     calib = [(x[i:i + 64], y[i:i + 64]) for i in range(0, min(256, len(x)), 64)]
     xn = xt.permute(0, 2, 3, 1).numpy().astype(np.float32).copy()
-    fid, fid214, floor, macs = 0.0, 0.0, 0.0, {}
+    fid, fid214, floor, macs, nbytes = 0.0, 0.0, 0.0, {}, {}
     for w in WIDTHS:
         sl = make_slice(model, w, calib).double().eval()
         with torch.no_grad():
@@ -147,12 +151,14 @@ def row(name: str, args) -> dict:
                                    .numpy(), ref))
         shape = (1, size, size, 3)
         buf, _ = export_point_slice(sl.float(), shape, weights="float")
+        nbytes[w] = len(buf)
         fid = max(fid, rel(run_interpreter(buf, xn), ref))
         if args.tflite_runtime:
             fid214 = max(fid214, rel(run_214(args.tflite_runtime, buf, xn), ref))
         graph, _, _ = lower_point_slice(sl.float(), shape, "float")
         macs[w] = graph_stats(graph)["macs"]
-    out.update(nested="yes", fidelity=fid, floor=floor, macs=macs, seconds=time.time() - t0)
+    out.update(nested="yes", fidelity=fid, floor=floor, macs=macs, bytes=nbytes,
+               seconds=time.time() - t0)
     if args.tflite_runtime:
         out["fidelity_214"] = fid214
     return out
@@ -174,8 +180,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"| model | nested | width-1.0 vs source | fidelity (max over widths) | torch f32 "
           f"{'| on 2.14 ' if args.tflite_runtime else ''}| MACs 0.25 | 0.5 | 1 | "
-          "0.25 / 1 | s |")
-    print("|---" * (10 + bool(args.tflite_runtime)) + "|")
+          "0.25 / 1 | KB 0.25 | 0.5 | 1 | mono | s |")
+    print("|---" * (14 + bool(args.tflite_runtime)) + "|")
     for name in args.models:
         try:
             r = row(name, args)
@@ -189,7 +195,13 @@ def main() -> None:
         if args.tflite_runtime:
             cells.append(f"{r['fidelity_214']:.1e}" if "fidelity_214" in r else "-")
         cells += [f"{m[w] / 1e6:.1f} M" if w in m else "-" for w in WIDTHS]
-        cells += [f"{m[0.25] / m[1.0]:.0%}" if m else "-", f"{r['seconds']:.0f}"]
+        b = r.get("bytes") or {}
+        cells.append(f"{m[0.25] / m[1.0]:.0%}" if m else "-")
+        cells += [f"{b[w] / 1e3:.0f}" if w in b else "-" for w in WIDTHS]
+        mono = bool(m and b) and all(d[u] < d[v] for d in (m, b)
+                                     for u, v in zip(WIDTHS, WIDTHS[1:]))
+        cells += ["yes" if mono else "NO" if m and b else "-",
+                  f"{r['seconds']:.0f}"]
         print("| " + " | ".join(cells) + " |", flush=True)
 
 

@@ -1,14 +1,29 @@
-"""Issue 35, goal 4: nest a *trained* network. A plain torchvision resnet18 trained N epochs on
-cifar10_dev, nested by ``trainer.nest`` (width 1.0 is the trained network itself) and fine-tuned
-M epochs, against the same nested network trained N + M epochs from scratch: test accuracy per
-width (batch norms re-collected per width on 512 training images, torch eval). A user with
-ImageNet weights follows the same path: ``trainer.nest(resnet18(weights=...))``, then train.
+"""Issue 35, goal 4: nest a *trained* network. A plain torchvision resnet18 (``--cifar-stem``: the
+usual CIFAR variant, a 3x3 stride-1 stem and no max pool) trained N epochs on cifar10_dev, nested
+by ``trainer.nest`` (width 1.0 is the trained network itself) and fine-tuned M epochs, against the
+same nested network trained N + M epochs from scratch: test accuracy per width (batch norms
+re-collected per width on 512 training images, torch eval). Rows are printed as each arm ends.
 
 Both nested arms use one loop: SGD, a sampled pass (Downhill masks, weight noise) plus the
 narrowest width's pass each step (the sandwich rule's two ends), cross-entropy only (no KL: a
-benchmark of where the weights start, not of the Bayesian regime). Not in CI.
+benchmark of where the weights start, not of the Bayesian regime). ``--parallel`` runs the
+from-scratch arm in a second process (``--threads`` each) next to the trained -> nested arm.
+Not in CI.
 
-    .venv/bin/python benchmarks/nest_trained.py --epochs 2 --finetune 1 --images 5000
+A user with ImageNet weights takes the same path, with the download in place of the first arm::
+
+    import torch, torchvision, trainer
+    net = torchvision.models.resnet18(weights=torchvision.models.ResNet18_Weights.IMAGENET1K_V1)
+    net.fc = torch.nn.Linear(net.fc.in_features, 10)   # the task's classes (a fresh head)
+    model = trainer.nest(net)          # model.width(1.0) equals net (eval mode), before training
+    # fine-tune: this script's train(model, ..., nested=True), or edge-sdk train with
+    # model.name=<module>:<factory> naming a function that returns trainer.nest(net) or net
+
+Keep the ImageNet stem (7x7 stride 2 + max pool) when loading ImageNet weights, and feed inputs
+normalised as at pretraining; ``--cifar-stem`` is for training from scratch at 32x32.
+
+    .venv/bin/python benchmarks/nest_trained.py --cifar-stem --epochs 2 --finetune 1 \
+        --images 8000 --test 5000 --threads 1 --parallel
 """
 from __future__ import annotations
 
@@ -80,6 +95,23 @@ def accuracy(model, x, y, calib) -> dict[float, float]:
     return out
 
 
+def scratch_arm(args) -> tuple[dict[float, float], float]:
+    """The same nested network trained N + M epochs from scratch: (accuracy per width, seconds)."""
+    torch.set_num_threads(args.threads)
+    x, y, xt, yt = load(args.images, args.test)
+    calib = [(x[i:i + 128], y[i:i + 128]) for i in range(0, 512, 128)]
+    t = time.time()
+    torch.manual_seed(0)
+    scratch = nest(plain_resnet18(args.cifar_stem))
+    train(scratch, x, y, args.epochs + args.finetune, args.lr, nested=True)
+    return accuracy(scratch, xt, yt, calib), time.time() - t
+
+
+def row(label: str, acc: dict[float, float], secs: str) -> None:
+    print(f"| {label} | " + " | ".join(f"{acc[w]:.4f}" for w in WIDTHS) + f" | {secs} |",
+          flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=2, help="N: plain training epochs")
@@ -89,14 +121,25 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--cifar-stem", action="store_true")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", action="store_true",
+                   help="run the from-scratch arm in a second process at the same time")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    n, m = args.epochs, args.finetune
+    pool = future = None
+    if args.parallel:
+        import concurrent.futures
+        import multiprocessing
+
+        pool = concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"))
+        future = pool.submit(scratch_arm, args)
     torch.manual_seed(0)
     x, y, xt, yt = load(args.images, args.test)
     calib = [(x[i:i + 128], y[i:i + 128]) for i in range(0, 512, 128)]
     t0 = time.time()
     plain = plain_resnet18(args.cifar_stem)
-    train(plain, x, y, args.epochs, args.lr, nested=False)
+    train(plain, x, y, n, args.lr, nested=False)
     plain.eval()
     with torch.no_grad():
         plain_acc = float((plain(xt).argmax(1) == yt).float().mean())
@@ -106,27 +149,20 @@ def main() -> None:
         with nested.width(1.0):
             same = float((nested(xt[:64]) - plain(xt[:64])).abs().max()
                          / plain(xt[:64]).abs().max())
-    before = accuracy(nested, xt, yt, calib)
-    train(nested, x, y, args.finetune, args.lr / 2, nested=True)
-    after = accuracy(nested, xt, yt, calib)
-    t1 = time.time()
-    torch.manual_seed(0)
-    scratch = nest(plain_resnet18(args.cifar_stem))
-    train(scratch, x, y, args.epochs + args.finetune, args.lr, nested=True)
-    fresh = accuracy(scratch, xt, yt, calib)
-    t2 = time.time()
-    n, m = args.epochs, args.finetune
     print(f"resnet18 ({'CIFAR' if args.cifar_stem else 'ImageNet'} stem), cifar10_dev "
           f"{args.images} training / {args.test} test images; plain after {n} epochs: "
-          f"{plain_acc:.4f}; nested at width 1.0 vs the trained network: {same:.1e} relative")
+          f"{plain_acc:.4f} ({time.time() - t0:.0f} s); nested at width 1.0 vs the trained "
+          f"network: {same:.1e} relative", flush=True)
     print("| arm | " + " | ".join(f"acc {w:g}" for w in WIDTHS) + " | s |")
-    print("|---" * (len(WIDTHS) + 2) + "|")
-    print(f"| trained {n} + nested, no fine-tune | "
-          + " | ".join(f"{before[w]:.4f}" for w in WIDTHS) + " | - |")
-    print(f"| trained {n} + nested + {m} fine-tune | "
-          + " | ".join(f"{after[w]:.4f}" for w in WIDTHS) + f" | {t1 - t0:.0f} |")
-    print(f"| nested from scratch, {n + m} epochs | "
-          + " | ".join(f"{fresh[w]:.4f}" for w in WIDTHS) + f" | {t2 - t1:.0f} |")
+    print("|---" * (len(WIDTHS) + 2) + "|", flush=True)
+    row(f"trained {n} + nested, no fine-tune", accuracy(nested, xt, yt, calib), "-")
+    train(nested, x, y, m, args.lr / 2, nested=True)
+    row(f"trained {n} + nested + {m} fine-tune", accuracy(nested, xt, yt, calib),
+        f"{time.time() - t0:.0f}")
+    fresh, secs = future.result() if future is not None else scratch_arm(args)
+    row(f"nested from scratch, {n + m} epochs", fresh, f"{secs:.0f}")
+    if pool is not None:
+        pool.shutdown()
 
 
 if __name__ == "__main__":
