@@ -47,7 +47,7 @@ def _method(method: str, lam: float, k_reg: int) -> None:
         raise InputError(f"raps needs lam >= 0 and an integer k_reg >= 0, got lam={lam}, k_reg={k_reg!r}")
 
 
-def _uniforms(rng, n: int):
+def _uniforms(rng: object, n: int) -> NDArray[np.float64] | None:
     if rng is None:
         return None
     if not isinstance(rng, np.random.Generator):
@@ -85,7 +85,8 @@ def label_scores(probs: ArrayLike, labels: ArrayLike, method: str = "lac", lam: 
     if y.shape != (s.shape[0],) or y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= s.shape[1]:
         raise InputError(f"labels must be {s.shape[0]} integers in [0, {s.shape[1]}), got shape "
                          f"{y.shape} dtype {y.dtype}")
-    return s[np.arange(len(y)), y]
+    picked: NDArray[np.float64] = s[np.arange(len(y)), y]
+    return picked
 
 
 def calibrate(probs: ArrayLike, labels: ArrayLike, alpha: float = 0.1, method: str = "lac",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Explanation:
     reason: str
     rows: tuple[ExplainRow, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for r, row in zip(d["rows"], self.rows):
             r["fits"] = row.fits

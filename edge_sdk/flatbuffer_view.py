@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -37,12 +37,21 @@ class Flat:
     def bad(self, message: str) -> SliceError:
         return SliceError(f"{self.what}: {message}")
 
-    def _at(self, fmt: str, pos: int):
+    def _read(self, fmt: str, pos: int) -> tuple[Any, ...]:
         n = struct.calcsize(fmt)
         if pos < 0 or pos + n > self.size:
             raise self.bad(f"not a valid TFLite flatbuffer (a {n}-byte read at offset {pos} "
                            f"lies outside the {self.size}-byte file)")
-        return struct.unpack_from(fmt, self.data, pos)[0]
+        return struct.unpack_from(fmt, self.data, pos)
+
+    def _at(self, fmt: str, pos: int) -> int:
+        """The integer (``fmt`` one of the integer formats: <b <B <H <i <I ...) at ``pos``."""
+        value: int = self._read(fmt, pos)[0]
+        return value
+
+    def _f32(self, pos: int) -> float:
+        value: float = self._read("<f", pos)[0]
+        return value
 
     def table(self, pos: int, kind: str) -> "Table":
         vtable = pos - self._at("<i", pos)
@@ -82,9 +91,15 @@ class Table:
     kind: str
     fields: dict[int, int]
 
-    def scalar(self, slot: int, fmt: str, default):
+    def scalar(self, slot: int, fmt: str, default: int) -> int:
+        """An integer field (``fmt``: its struct format), ``default`` when absent."""
         pos = self.fields.get(slot)
         return default if pos is None else self.flat._at(fmt, pos)
+
+    def f32(self, slot: int, default: float) -> float:
+        """A float32 field, ``default`` when absent."""
+        pos = self.fields.get(slot)
+        return default if pos is None else self.flat._f32(pos)
 
     def ref(self, slot: int) -> int | None:
         pos = self.fields.get(slot)

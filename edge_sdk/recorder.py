@@ -18,14 +18,21 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from edge_sdk.budget import Budget
 from edge_sdk.errors import ConfigError
+
+if TYPE_CHECKING:  # the runtime imports this module
+    from edge_sdk.prediction import Prediction
+    from edge_sdk.runtime import EdgeModel
 
 
 class TraceRecorder:
-    def __init__(self, model, path: str | os.PathLike, phase: str = "live",
-                 flush_every: int = 1000, max_records: int = 1_000_000):
+    def __init__(self, model: EdgeModel, path: str | os.PathLike[str], phase: str = "live",
+                 flush_every: int = 1000, max_records: int = 1_000_000) -> None:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ConfigError(f"record() needs a file path, got {path!r}")
         for name, v in (("flush_every", flush_every), ("max_records", max_records)):
@@ -37,13 +44,13 @@ class TraceRecorder:
         self.phase = phase
         self._model = model
         self._flush_every = flush_every
-        self._records: deque = deque(maxlen=max_records)  # oldest dropped beyond max_records
+        self._records: deque[dict[str, Any]] = deque(maxlen=max_records)  # oldest dropped beyond max_records
         self._step = 0
         self._lock = threading.Lock()
         self._started = time.time()
         self.closed = False
 
-    def add(self, predictions, budget) -> None:
+    def add(self, predictions: Sequence[Prediction], budget: Budget) -> None:
         """Called by the runtime after each call (one record per prediction)."""
         with self._lock:
             if self.closed:
@@ -93,5 +100,5 @@ class TraceRecorder:
     def __enter__(self) -> TraceRecorder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

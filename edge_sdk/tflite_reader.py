@@ -145,7 +145,7 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
             raise flat.bad(f"{where}: keep_dims {keep}, expected 0 or 1")
         return {"keep_dims": bool(keep)}
     if op == "SOFTMAX":
-        beta = t.scalar(0, "<f", 0.0)
+        beta = t.f32(0, 0.0)
         if not (math.isfinite(beta) and 0 < beta <= 1e6):
             raise flat.bad(f"{where}: softmax beta {beta}, expected a finite number in (0, 1e6]")
         return {"beta": float(beta)}

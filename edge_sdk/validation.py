@@ -153,7 +153,7 @@ def choice(value: object, path: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
-def list_value(value: object, path: str, *, length: int | None = None, nonempty: bool = False) -> list:
+def list_value(value: object, path: str, *, length: int | None = None, nonempty: bool = False) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         fail(path, f"expected a list, {got(value)}")
     if length is not None and len(value) != length:
@@ -163,7 +163,7 @@ def list_value(value: object, path: str, *, length: int | None = None, nonempty:
     return list(value)
 
 
-def mapping(value: object, path: str) -> Mapping:
+def mapping(value: object, path: str) -> Mapping[Any, Any]:  # unchecked YAML: any keys
     if not isinstance(value, Mapping):
         fail(path, f"expected a mapping, {got(value)}")
     return value

@@ -54,9 +54,11 @@ class _Reader:
     def __init__(self, buf: bytes, what: str):
         self.buf, self.what = buf, what
 
-    def _unpack(self, fmt: str, pos: int):
+    def _unpack(self, fmt: str, pos: int) -> int:
+        """The integer (``fmt`` one of the integer formats) at ``pos``."""
         try:
-            return struct.unpack_from(fmt, self.buf, pos)[0]
+            value: int = struct.unpack_from(fmt, self.buf, pos)[0]
+            return value
         except struct.error as e:
             raise BundleError(f"{self.what}: not a valid TFLite flatbuffer (reading offset {pos}: "
                               f"{e})") from None

@@ -23,7 +23,10 @@ workstation, numpy 2.4).
 """
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import BundleError, ConfigError
 
@@ -60,7 +63,12 @@ def packed_size(count: int, bits: int) -> int:
     return (int(count) * _check_bits(bits) + 7) // 8
 
 
-def pack_bits(indices: np.ndarray, bits: int) -> bytes:
+_S = TypeVar("_S", bound=np.generic)
+# what unpack_bits returns: uint16 up to 16 bits, else uint32
+Indices = npt.NDArray[np.unsignedinteger[Any]]
+
+
+def pack_bits(indices: npt.ArrayLike, bits: int) -> bytes:
     """Pack non-negative integer ``indices`` (any shape, read in C order) at ``bits`` bits each.
 
     Refuses (``ConfigError``) a non-integer array, a negative value and a value ``>= 2**bits``:
@@ -86,12 +94,13 @@ def pack_bits(indices: np.ndarray, bits: int) -> bytes:
         for j in range(bits):
             np.bitwise_and(words >> j, 1, out=rows[:, j], casting="unsafe")
     else:  # each value as 4 little-endian bytes -> 32 bits LSB first; keep the low `bits`
-        words = flat.astype("<u4").view(np.uint8).reshape(-1, 4)
-        rows = np.unpackbits(words, axis=1, bitorder="little")[:, :bits]
+        le_bytes = flat.astype("<u4").view(np.uint8).reshape(-1, 4)
+        rows = np.unpackbits(le_bytes, axis=1, bitorder="little")[:, :bits]
     return np.packbits(rows.reshape(-1), bitorder="little").tobytes()
 
 
-def _packed_bytes(buf: bytes | bytearray | memoryview, bits: int, count: int) -> np.ndarray:
+def _packed_bytes(buf: bytes | bytearray | memoryview, bits: int,
+                  count: int) -> npt.NDArray[np.uint8]:
     """``buf`` as uint8, refused (``BundleError``) unless it is exactly ``ceil(count * bits / 8)``
     bytes with zero padding bits."""
     expected = packed_size(count, bits)
@@ -107,7 +116,7 @@ def _packed_bytes(buf: bytes | bytearray | memoryview, bits: int, count: int) ->
     return raw
 
 
-def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> np.ndarray:
+def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> Indices:
     """The ``count`` indices packed in ``buf`` at ``bits`` bits each, as a new 1-D array.
 
     dtype uint16 for ``bits <= 16``, else uint32. Refuses (``BundleError``) a buffer that is not
@@ -115,7 +124,7 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> n
     """
     bits = _check_bits(bits)
     raw = _packed_bytes(buf, bits, count)
-    dtype = np.uint16 if bits <= 16 else np.uint32
+    dtype: type[np.unsignedinteger[Any]] = np.uint16 if bits <= 16 else np.uint32
     if count == 0 or bits == 0:
         return np.zeros(count, dtype=dtype)
     if bits in (8, 16, 32):  # whole bytes: the stream is the little-endian integers themselves
@@ -128,7 +137,7 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> n
 
 
 def unpack_lookup(buf: bytes | bytearray | memoryview, bits: int, count: int,
-                  table: np.ndarray) -> np.ndarray:
+                  table: npt.NDArray[_S]) -> npt.NDArray[_S]:
     """``table[unpack_bits(buf, bits, count)]``: the ``table`` entries (a 1-D array, e.g. a
     codebook) the ``count`` packed indices select, a 1-D array of ``table``'s dtype. Refuses
     (``BundleError``) what :func:`unpack_bits` refuses and an index ``>= len(table)``.
@@ -159,7 +168,7 @@ def unpack_lookup(buf: bytes | bytearray | memoryview, bits: int, count: int,
     return np.take(rows, raw, axis=0).reshape(-1)[:count]
 
 
-def _unpack_sub_byte(raw: np.ndarray, bits: int, count: int) -> np.ndarray:
+def _unpack_sub_byte(raw: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint16]:
     """``bits`` in (2, 4): each byte holds ``8 // bits`` whole values, value ``k`` of byte ``b``
     being ``(b >> k * bits) & mask``: one strided pass per value position, straight into the
     uint16 result (4 bits: the nibble split ``b & 15``, ``b >> 4``; 2.4 M indices in ~1 ms
@@ -167,16 +176,18 @@ def _unpack_sub_byte(raw: np.ndarray, bits: int, count: int) -> np.ndarray:
     per = 8 // bits
     mask = np.uint8((1 << bits) - 1)
     out = np.empty(raw.size * per, dtype=np.uint16)
-    tmp = np.empty_like(raw) if per > 2 else None
     np.bitwise_and(raw, mask, out=out[0::per], casting="unsafe")
-    for k in range(1, per - 1):
-        np.right_shift(raw, k * bits, out=tmp)
-        np.bitwise_and(tmp, mask, out=out[k::per], casting="unsafe")
+    if per > 2:
+        tmp = np.empty_like(raw)
+        for k in range(1, per - 1):
+            np.right_shift(raw, k * bits, out=tmp)
+            np.bitwise_and(tmp, mask, out=out[k::per], casting="unsafe")
     np.right_shift(raw, (per - 1) * bits, out=out[per - 1::per], casting="unsafe")  # top bits
     return out[:count]
 
 
-def _unpack_gather(raw: np.ndarray, bits: int, count: int, dtype) -> np.ndarray:
+def _unpack_gather(raw: npt.NDArray[np.uint8], bits: int, count: int,
+                   dtype: type[np.unsignedinteger[Any]]) -> Indices:
     """Any width: value i starts at bit i*bits, so gather the 4 (5 past 25 bits) bytes from its
     first byte into one integer, shift and mask; the zero tail keeps the last gathers in
     bounds."""
@@ -191,15 +202,16 @@ def _unpack_gather(raw: np.ndarray, bits: int, count: int, dtype) -> np.ndarray:
         value |= padded[first + k].astype(wt) << wt(8 * k)
     value >>= (pos & 7).astype(wt)
     value &= wt((1 << bits) - 1)
-    return value.astype(dtype)
+    out: Indices = value.astype(dtype)
+    return out
 
 
-def pack_mask(mask: np.ndarray) -> bytes:
+def pack_mask(mask: npt.ArrayLike) -> bytes:
     """A non-zero mask (``mask != 0``, C order) at one bit per element (SQS's exact sparsity)."""
     return pack_bits(np.asarray(mask).reshape(-1) != 0, 1)
 
 
-def unpack_mask(buf: bytes | bytearray | memoryview, count: int) -> np.ndarray:
+def unpack_mask(buf: bytes | bytearray | memoryview, count: int) -> npt.NDArray[np.bool_]:
     """The boolean mask of ``count`` elements :func:`pack_mask` wrote (refuses as
     :func:`unpack_bits` does)."""
     return unpack_bits(buf, 1, count).astype(bool)

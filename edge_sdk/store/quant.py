@@ -6,8 +6,10 @@ the device quantizes exactly as the exporter's files did.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
 
@@ -24,30 +26,34 @@ class QuantizedTensor:
     :func:`quantize_per_channel`).
     """
 
-    values: np.ndarray  # int8, in [-127, 127]
-    scale: np.ndarray  # float32 [channels]
+    values: npt.NDArray[np.int8]  # in [-127, 127]
+    scale: npt.NDArray[np.float32]  # [channels]
     axis: int
     exact: bool
 
-    def dequantize(self) -> np.ndarray:
+    def dequantize(self) -> npt.NDArray[np.float32]:
         return self.values.astype(np.float32) * along(self.scale, self.axis, self.values.ndim)
 
 
-def along(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+_S = TypeVar("_S", bound=np.generic)
+
+
+def along(v: npt.NDArray[_S], axis: int, ndim: int) -> npt.NDArray[_S]:
     """``v`` (one value per channel) shaped to broadcast along ``axis`` of a rank-``ndim`` array."""
     shape = [1] * ndim
     shape[axis] = -1
     return v.reshape(shape)
 
 
-def _pow2_at_least(x: np.ndarray) -> np.ndarray:
+def _pow2_at_least(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The smallest power of two >= x (float64, x > 0), computed exactly (frexp, no log2)."""
     mant, exp = np.frexp(x)  # x = mant * 2^exp, 0.5 <= mant < 1
-    return np.ldexp(1.0, np.where(mant == 0.5, exp - 1, exp))
+    pow2: npt.NDArray[np.float64] = np.ldexp(1.0, np.where(mant == 0.5, exp - 1, exp))
+    return pow2
 
 
-def quantize_per_channel(w: np.ndarray, axis: int, pow2_step: bool = False,
-                         channel_scale: np.ndarray | None = None) -> QuantizedTensor:
+def quantize_per_channel(w: npt.ArrayLike, axis: int, pow2_step: bool = False,
+                         channel_scale: npt.ArrayLike | None = None) -> QuantizedTensor:
     """Symmetric int8 per channel along ``axis``: ``w ~ q * step`` with ``|q| <= 127``.
 
     The step is ``max|w_c| / 127`` (float32), or with ``pow2_step`` the smallest power of two

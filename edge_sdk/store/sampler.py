@@ -35,6 +35,7 @@ import normal" "normal(7, 1, 2_400_000)"`` (one line).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
 
@@ -68,7 +69,7 @@ def stream_id(name: str) -> int:
     return h
 
 
-def _mix(x: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+def _mix(x: npt.NDArray[np.uint32], tmp: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
     """lowbias32 in place on a uint32 array (``tmp`` same shape: scratch). Array ufuncs on
     uint32 wrap silently (only numpy *scalar* arithmetic warns on overflow)."""
     np.right_shift(x, 16, out=tmp)
@@ -82,7 +83,7 @@ def _mix(x: np.ndarray, tmp: np.ndarray) -> np.ndarray:
     return x
 
 
-def hash32(x: np.ndarray | int) -> np.ndarray:
+def hash32(x: npt.ArrayLike) -> npt.NDArray[np.uint32]:
     """lowbias32 of each value (taken mod 2**32) as a new uint32 array (the primitive, exposed
     for the documentation and the golden-value tests)."""
     wide = np.array(x, dtype=np.uint64, ndmin=1)  # np.uint64 mask: numpy 1.x's casting too
@@ -113,7 +114,8 @@ def _check_counters(start: int, n: int) -> None:
         raise ConfigError(f"counters {start} .. {start + n} leave the 32-bit counter range")
 
 
-def _hash_into(x: np.ndarray, tmp: np.ndarray, base: np.ndarray, first: int, k1: np.uint32,
+def _hash_into(x: npt.NDArray[np.uint32], tmp: npt.NDArray[np.uint32],
+               base: npt.NDArray[np.uint32], first: int, k1: np.uint32,
                k2: np.uint32) -> None:
     """Words ``first .. first + x.size - 1`` of the stream keyed ``(k1, k2)`` into ``x`` (uint32,
     in place; ``tmp`` same size: scratch; ``base``: ``arange`` of at least ``x.size``). The
@@ -125,7 +127,7 @@ def _hash_into(x: np.ndarray, tmp: np.ndarray, base: np.ndarray, first: int, k1:
     _mix(x, tmp)
 
 
-def _words(seed: int, stream: int, domain: int, start: int, n: int) -> np.ndarray:
+def _words(seed: int, stream: int, domain: int, start: int, n: int) -> npt.NDArray[np.uint32]:
     """Words ``start .. start + n - 1`` of the stream, uint32."""
     _check_counters(start, n)
     k1, k2 = _keys(seed, stream, domain)
@@ -139,18 +141,18 @@ def _words(seed: int, stream: int, domain: int, start: int, n: int) -> np.ndarra
     return out
 
 
-def uniform_u32(seed: int, stream: int, n: int, offset: int = 0) -> np.ndarray:
+def uniform_u32(seed: int, stream: int, n: int, offset: int = 0) -> npt.NDArray[np.uint32]:
     """``n`` uniform 32-bit integers: words ``offset .. offset + n - 1`` (domain 1)."""
     return _words(seed, stream, _DOMAIN_UNIFORM, offset, n)
 
 
-def uniform_u16(seed: int, stream: int, n: int, offset: int = 0) -> np.ndarray:
+def uniform_u16(seed: int, stream: int, n: int, offset: int = 0) -> npt.NDArray[np.uint16]:
     """``n`` uniform 16-bit integers: the high halves of :func:`uniform_u32`'s words, so
     ``u16 >= t`` exactly when ``u32 >= t << 16`` (uint16 and uint32 thresholds agree)."""
     return (uniform_u32(seed, stream, n, offset) >> 16).astype(np.uint16)
 
 
-def normal(seed: int, stream: int, n: int, offset: int = 0) -> np.ndarray:
+def normal(seed: int, stream: int, n: int, offset: int = 0) -> npt.NDArray[np.float32]:
     """``n`` standard normals (float32, Irwin-Hall of four, see the module docstring): element
     ``j`` is element ``offset + j`` of the stream, so a slice of a layer can be drawn alone."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -179,7 +181,8 @@ def normal(seed: int, stream: int, n: int, offset: int = 0) -> np.ndarray:
     return out
 
 
-def categorical(seed: int, stream: int, thresholds: np.ndarray, offset: int = 0) -> np.ndarray:
+def categorical(seed: int, stream: int, thresholds: npt.ArrayLike,
+                offset: int = 0) -> npt.NDArray[np.int64]:
     """One draw per row of ``thresholds`` (shape ``(n, k)``, uint16 or uint32, non-decreasing
     along each row): the chosen column in ``[0, k)`` as int64.
 
@@ -197,4 +200,5 @@ def categorical(seed: int, stream: int, thresholds: np.ndarray, offset: int = 0)
         raise ConfigError("thresholds must be non-decreasing along each row (cumulative)")
     words = uniform_u32(seed, stream, t.shape[0], offset)
     u = (words >> 16).astype(np.uint16) if t.dtype == np.uint16 else words
-    return (u[:, None] >= t[:, :-1]).sum(axis=1, dtype=np.int64)
+    picks: npt.NDArray[np.int64] = (u[:, None] >= t[:, :-1]).sum(axis=1, dtype=np.int64)
+    return picks
