@@ -9,10 +9,15 @@ refused unless ``resize=True`` (``--resize``), since silently squashing a 64x48 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import InputError
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle import InputSpec
 
 # Pillow modes -> (channels, largest value); "P" (palette) is expanded first
 _MODES = {"1": (1, 1), "L": (1, 255), "LA": (2, 255), "RGB": (3, 255), "RGBA": (4, 255),
@@ -20,7 +25,8 @@ _MODES = {"1": (1, 1), "L": (1, 255), "LA": (2, 255), "RGB": (3, 255), "RGBA": (
 _LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R 601-2, as Pillow's convert("L")
 
 
-def read_input(path: str, spec, resize: bool = False) -> np.ndarray:
+def read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[Any]:
+    """The array in ``path`` (a .npy file: as stored; an image: in ``spec``'s dtype)."""
     p = Path(path)
     if p.is_dir():
         raise InputError(f"--input {path} is a directory; expected a .npy array or an image file")
@@ -119,7 +125,7 @@ def _check_npy_header(p: Path) -> None:
                             else "") + ": truncated or not a .npy file numpy wrote")
 
 
-def _read_npy(p: Path) -> np.ndarray:
+def _read_npy(p: Path) -> npt.NDArray[Any]:
     _check_npy_header(p)
     try:
         x = np.load(p, allow_pickle=False)
@@ -135,15 +141,16 @@ def _read_npy(p: Path) -> np.ndarray:
     return x
 
 
-def _read_image(p: Path) -> np.ndarray:
+def _read_image(p: Path) -> npt.NDArray[np.float64]:
     try:
         from PIL import Image
     except ImportError as e:
         raise InputError(f"reading {p.suffix} images needs Pillow: pip install "
                          f"'nested-edge-sdk[image]' (or pass a .npy array)") from e
     try:
-        with Image.open(p) as img:
-            img.load()
+        with Image.open(p) as opened:
+            opened.load()
+            img: Image.Image = opened
             if img.mode == "P":
                 img = img.convert("RGBA" if "transparency" in img.info else "RGB")
             if img.mode not in _MODES:
@@ -161,7 +168,7 @@ def _read_image(p: Path) -> np.ndarray:
     return arr / top
 
 
-def _resized(arr: np.ndarray, h: int, w: int, c: int) -> np.ndarray:
+def _resized(arr: npt.NDArray[np.float64], h: int, w: int, c: int) -> npt.NDArray[np.float64]:
     """Channels converted (grey <-> RGB, alpha dropped), then each channel resized bilinearly
     in floating point (Pillow's 8-bit path would saturate 16-bit images)."""
     from PIL import Image
@@ -174,5 +181,5 @@ def _resized(arr: np.ndarray, h: int, w: int, c: int) -> np.ndarray:
     elif c == 3 and have == 1:
         arr = np.repeat(arr, 3, axis=2)
     planes = [np.asarray(Image.fromarray(arr[..., i].astype(np.float32), mode="F")
-                         .resize((w, h), Image.BILINEAR)) for i in range(c)]
+                         .resize((w, h), Image.Resampling.BILINEAR)) for i in range(c)]
     return np.clip(np.stack(planes, -1).astype(np.float64), 0.0, 1.0)

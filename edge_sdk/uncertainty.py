@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.conformal import METHODS, class_scores
 from edge_sdk.errors import BundleError, ConfigError
@@ -49,7 +50,7 @@ ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 BANK_SCALE = 127.0  # int8 codes of unit-vector components
 
 
-def decode_bank(codes: np.ndarray) -> np.ndarray:
+def decode_bank(codes: npt.NDArray[np.int8]) -> npt.NDArray[np.float32]:
     """float32 unit rows from the int8 codes ``round(127 u)``: renormalised, because rounding
     moves a row's norm by up to ~0.5 % and the score is a cosine (scikit-learn's cosine
     distance, tests/exporters/test_uncertainty_fit.py, normalises the bank the same way)."""
@@ -77,9 +78,7 @@ def _fail(where: str, why: str) -> BundleError:
     return BundleError(f"{where}: {why} (re-export the bundle)")
 
 
-def _number(v: Any, where: str, allow_none: bool = False) -> float | None:
-    if v is None and allow_none:
-        return None
+def _number(v: Any, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise _fail(where, f"expected a finite number, got {v!r}")
     return float(v)
@@ -87,7 +86,7 @@ def _number(v: Any, where: str, allow_none: bool = False) -> float | None:
 
 @dataclass
 class WidthStats:
-    bank: np.ndarray  # [rows, D] float32, L2-normalised rows (decoded from int8)
+    bank: npt.NDArray[np.float32]  # [rows, D], L2-normalised rows (decoded from int8)
     threshold: float
     dim: int
 
@@ -164,7 +163,7 @@ class Uncertainty:
         return cls(idx, widths, quantiles)
 
     # ---- the out-of-distribution score ---------------------------------------------------
-    def score(self, width_key: str, features: np.ndarray) -> np.ndarray:
+    def score(self, width_key: str, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """[N] scores of features [N, D] (higher = less like the training data)."""
         st = self.widths[width_key]
         f = np.asarray(features, np.float32).reshape(-1, st.dim)
@@ -178,9 +177,10 @@ class Uncertainty:
             sims = f[i:i + 4] @ st.bank.T  # [<=4, rows], a fresh array: partitioned in place
             sims.partition(pos, axis=1)
             kth[i:i + 4] = sims[:, pos]
-        return -(kth / np.maximum(norms, 1e-12)).astype(np.float64)
+        scores: npt.NDArray[np.float64] = -(kth / np.maximum(norms, 1e-12)).astype(np.float64)
+        return scores
 
-    def score_one(self, width_key: str, features: np.ndarray) -> float:
+    def score_one(self, width_key: str, features: npt.NDArray[np.float32]) -> float:
         """:meth:`score` of one sample's features (the hot path: one matrix-vector product
         and one partition)."""
         st = self.widths[width_key]
@@ -200,7 +200,7 @@ class Uncertainty:
         i = max(j for j, a in enumerate(ALPHAS) if a <= alpha + 1e-12)
         return row[method][i]
 
-    def set_mask(self, probs: np.ndarray, qhat: float, method: str) -> np.ndarray:
+    def set_mask(self, probs: npt.ArrayLike, qhat: float, method: str) -> npt.NDArray[np.bool_]:
         """[N, C] boolean prediction-set mask of calibrated probabilities [N, C]."""
         p = np.asarray(probs, np.float64)
         if method == "lac":
