@@ -122,7 +122,7 @@ class DeviceProfile:
 # which profile_from_dict turns into ProfileError at its boundary.
 
 
-def _get(d: Mapping, key: str, where: str) -> Any:
+def _get(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
         fail(where, f"missing key {key!r}")
     return d[key]
@@ -211,7 +211,7 @@ def builtin_profiles() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
-def load_profile(spec: str | os.PathLike) -> DeviceProfile:
+def load_profile(spec: str | os.PathLike[str]) -> DeviceProfile:
     """A built-in profile by name (``raspberry_pi_4``) or a YAML file by path."""
     p = Path(spec)
     if p.suffix not in (".yaml", ".yml"):
@@ -245,7 +245,7 @@ def host_id() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
-def manifest_sha256(bundle_dir: str | os.PathLike) -> str:
+def manifest_sha256(bundle_dir: str | os.PathLike[str]) -> str:
     from edge_sdk.bundle import MANIFEST_NAME
 
     return hashlib.sha256((Path(bundle_dir) / MANIFEST_NAME).read_bytes()).hexdigest()
@@ -258,14 +258,14 @@ def cache_dir() -> Path:
     return base / "profiles"
 
 
-def cached_profile_path(bundle_dir: str | os.PathLike, sha: str | None = None) -> Path:
+def cached_profile_path(bundle_dir: str | os.PathLike[str], sha: str | None = None) -> Path:
     """Where ``edge-sdk profile`` caches the measured profile of this bundle on this host
     (``sha``: the manifest's sha256, when the caller has it already)."""
     sha = sha or manifest_sha256(bundle_dir)
     return cache_dir() / f"{host_id()}-{sha[:16]}.yaml"
 
 
-def find_cached(bundle_dir: str | os.PathLike, sha: str | None = None) -> DeviceProfile | None:
+def find_cached(bundle_dir: str | os.PathLike[str], sha: str | None = None) -> DeviceProfile | None:
     """The cached measured profile for this bundle and host; one for a different manifest
     (the bundle was re-exported) is ignored."""
     sha = sha or manifest_sha256(bundle_dir)
@@ -276,7 +276,7 @@ def find_cached(bundle_dir: str | os.PathLike, sha: str | None = None) -> Device
     return prof if prof.bundle_sha256 == sha else None
 
 
-def write_profile(profile: DeviceProfile, path: str | os.PathLike, header: str = "") -> Path:
+def write_profile(profile: DeviceProfile, path: str | os.PathLike[str], header: str = "") -> Path:
     """Write atomically (temp file in the same directory, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +334,7 @@ def _host() -> dict[str, Any]:
             "arch": arch, "ram_mb": int(psutil.virtual_memory().total // 2 ** 20)}
 
 
-def measure_profile(bundle_dir: str | os.PathLike, threads: list[int] | None = None,
+def measure_profile(bundle_dir: str | os.PathLike[str], threads: list[int] | None = None,
                     repeats: int = 50, name: str | None = None, backend: str | None = None
                     ) -> tuple[DeviceProfile, list[dict[str, Any]]]:
     """Measure this host through the real interpreter on the bundle's own slices.

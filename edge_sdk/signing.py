@@ -157,7 +157,7 @@ def _first(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:160] or type(exc).__name__
 
 
-def generate_keypair(private_path: str | os.PathLike, public_path: str | os.PathLike | None
+def generate_keypair(private_path: str | os.PathLike[str], public_path: str | os.PathLike[str] | None
                      = None, force: bool = False) -> tuple[Path, Path]:
     """Write a new Ed25519 key pair: the private key as unencrypted PKCS#8 PEM (mode 0600),
     the public key as SubjectPublicKeyInfo PEM (default: ``<private>.pub``). Each written
@@ -215,7 +215,7 @@ def signer(key: KeyLike) -> Callable[[bytes], bytes]:
     return lambda data: signature_text(data, private_key)
 
 
-def sign_bundle(bundle_dir: str | os.PathLike, key: KeyLike) -> Path:
+def sign_bundle(bundle_dir: str | os.PathLike[str], key: KeyLike) -> Path:
     """Sign the bundle at ``bundle_dir`` with the private ``key``: the manifest must parse and
     every file it lists must match (size, sha256) before anything is signed, and nothing
     unlisted may be in the directory. Writes ``manifest.yaml.sig`` atomically (replacing an
@@ -307,7 +307,7 @@ def _check_listed(root: Path, manifest: Any) -> None:
                                 f"{SIGNATURE_NAME} and the files the manifest lists")
 
 
-def read_trusted_manifest(bundle_dir: str | os.PathLike,
+def read_trusted_manifest(bundle_dir: str | os.PathLike[str],
                           trusted_keys: Iterable[KeyLike] | KeyLike) -> Any:
     """The bundle's Manifest, parsed from bytes whose signature verified under one of
     ``trusted_keys`` *before* they were parsed; every file of the directory must be listed.

@@ -22,10 +22,13 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_sdk.backends.tflite_model import FULLY_CONNECTED, OpInfo, read_ops
 from edge_sdk.errors import AllocationError, EdgeSdkError
+
+if TYPE_CHECKING:  # edge_sdk.bundle imports the runtime's pieces; only its types here
+    from edge_sdk.bundle.manifest import Manifest
 
 ENV_VAR = "EDGE_SDK_BACKEND"
 BACKENDS = ("litert", "tflite-runtime")  # the order ``auto`` tries them in
@@ -251,7 +254,7 @@ def _build_and_allocate(interp_cls: Any, data: bytes, name: str) -> None:
     interp_cls(model_content=data, num_threads=1, model_name=name).allocate_tensors()
 
 
-def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
+def check_bundle(bundle_dir: str | os.PathLike[str], manifest: Manifest, backend: str,
                  blobs: Mapping[str, bytes] | None = None, interp_cls: Any = None,
                  stand_ins: dict[str, str] | None = None) -> None:
     """Refuse (BackendError) a bundle holding a configuration ``backend`` would answer wrongly,
@@ -278,7 +281,7 @@ def check_bundle(bundle_dir: str | Path, manifest: Any, backend: str,
         check_parses(interp_cls, blobs)
 
 
-def _check_known_wrong(bundle_dir: str | Path, manifest: Any, backend: str,
+def _check_known_wrong(bundle_dir: str | os.PathLike[str], manifest: Manifest, backend: str,
                        blobs: Mapping[str, bytes] | None,
                        stand_ins: dict[str, str] | None = None,
                        known: dict[str, list[str]] | None = None) -> None:

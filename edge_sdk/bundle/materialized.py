@@ -30,14 +30,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from edge_sdk.bundle.manifest import Configuration, Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
+from edge_sdk.bundle.records import StoreEntry
 from edge_sdk.bundle.slices import _read_once, check_slice, read_slices, verify_bytes
 from edge_sdk.errors import BundleError, EdgeSdkError
+
+if TYPE_CHECKING:  # numpy: imported at run time for store bundles alone
+    from edge_sdk.store.container import Store
 
 __all__ = ["FileSlices", "SliceSource", "StoreSlices", "files_manifest", "layout_of",
            "materialize_bundle", "open_slices", "read_store", "representatives"]
@@ -102,7 +106,14 @@ class FileSlices(SliceSource):
         return dict(self._blobs), None
 
 
-def read_store(bundle_dir: PathLike, manifest: Manifest) -> Any:
+def _store_entry(root: Path, manifest: Manifest) -> StoreEntry:
+    """``manifest.store``, which a layout-store manifest always names (its parser checks)."""
+    if manifest.store is None:
+        raise BundleError(f"{root}: the manifest names no weight store (layout 'store')")
+    return manifest.store
+
+
+def read_store(bundle_dir: PathLike, manifest: Manifest) -> Store:
     """The decoded store of a ``store`` bundle: ``store.bin`` read once, its size and sha256
     checked on those very bytes against ``manifest.store``, then decoded (``decode_store``; a
     compressed store, container version 2, is inflated only after that check, so nothing
@@ -111,7 +122,7 @@ def read_store(bundle_dir: PathLike, manifest: Manifest) -> Any:
     from edge_sdk.store import decode_store  # numpy only; imported for store bundles alone
 
     root = Path(bundle_dir)
-    entry = manifest.store
+    entry = _store_entry(root, manifest)
     data = _read_once(resolve_file(root, entry.name), entry, root)
     verify_bytes(data, entry, str(root))
     try:
@@ -134,9 +145,12 @@ def representatives(manifest: Manifest) -> dict[str, str]:
     """file name -> the file that stands in for it at ``load()``: per width, the point slice,
     the lowest sample of the sampled slices, the head slice with the most heads (see the module
     docstring for why one per group is enough)."""
-    best: dict[tuple, tuple[tuple, str]] = {}
-    group_of: dict[str, tuple] = {}
+    best: dict[tuple[str, str], tuple[tuple[int, int, str], str]] = {}
+    group_of: dict[str, tuple[str, str]] = {}
     for c in manifest.configurations:
+        if c.materialize is None:
+            raise BundleError(f"configuration {c.id} of a layout-store manifest has no "
+                              f"materialize recipes")
         for f, recipe in zip(c.files, c.materialize):
             width, sample, heads = recipe_fields(recipe)
             kind = "head" if heads else ("point" if sample is None else "sample")
@@ -167,13 +181,16 @@ class StoreSlices(SliceSource):
 
     layout = "store"
 
-    def __init__(self, store: Any, manifest: Manifest, where: str = "",
+    def __init__(self, store: Store, manifest: Manifest, where: str = "",
                  cap_bytes: float | None = None,
-                 materialize: Callable[[Any, Manifest, Configuration, int], bytes] | None = None):
+                 materialize: Callable[[Store, Manifest, Configuration, int], bytes] | None = None
+                 ) -> None:
         if materialize is None:
-            from edge_sdk.store import materialize_file as materialize
+            from edge_sdk.store import materialize_file
+
+            materialize = materialize_file
         self._store, self._manifest, self._where = store, manifest, where
-        self._materialize = materialize
+        self._materialize: Callable[[Store, Manifest, Configuration, int], bytes] = materialize
         self.cap_bytes = cap_bytes
         self._recipes: dict[str, tuple[Configuration, int]] = {}
         for c in manifest.configurations:
@@ -193,7 +210,7 @@ class StoreSlices(SliceSource):
         return cls(read_store(bundle_dir, manifest), manifest, str(bundle_dir), cap_bytes)
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         return self._store
 
     def names(self) -> tuple[str, ...]:
@@ -220,7 +237,7 @@ class StoreSlices(SliceSource):
                 return data
             pending = self._pending.get(name)
             owner = pending is None
-            if owner:
+            if pending is None:
                 pending = self._pending[name] = _Pending()
         if not owner:
             pending.done.wait()
@@ -228,9 +245,11 @@ class StoreSlices(SliceSource):
                 raise BundleError(str(pending.error))
             if pending.error is not None:
                 raise pending.error
-            return pending.data  # type: ignore[return-value]
+            if pending.data is None:  # the owner sets data or error before done
+                raise BundleError(f"materialising {name!r}: no result")
+            return pending.data
         try:
-            pending.data = data = self.build(name)
+            pending.data = built = self.build(name)
         except BaseException as exc:
             pending.error = exc
             raise
@@ -238,9 +257,9 @@ class StoreSlices(SliceSource):
             with self._lock:
                 del self._pending[name]
                 if pending.error is None:
-                    self._keep(name, pending.data)  # type: ignore[arg-type]
+                    self._keep(name, built)  # build returned (else error is set)
             pending.done.set()
-        return data
+        return built
 
     def build(self, name: str) -> bytes:
         """Materialise ``name`` and verify it (sha256 and size against the manifest, tensors
@@ -290,7 +309,7 @@ class StoreSlices(SliceSource):
             dict(self._stand_ins)
 
 
-class _Lazy(Mapping):
+class _Lazy(Mapping[str, bytes]):
     """``names`` -> ``source[name]``, looked up on access (nothing held here)."""
 
     def __init__(self, source: StoreSlices, names: tuple[str, ...]):
@@ -301,7 +320,7 @@ class _Lazy(Mapping):
             raise KeyError(name)
         return self._source[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
     def __len__(self) -> int:

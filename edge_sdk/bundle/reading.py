@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
@@ -61,6 +62,20 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+@dataclass
+class _MappingFrame:
+    keys: set[str] = field(default_factory=set)  # the keys seen
+    key_next: bool = True  # whether the next node is a key (else that key's value)
+
+
+def _line_column(mark: yaml.error.Mark | yaml._yaml.Mark | None) -> str:
+    """``line L, column C`` (1-based) of an event's start (PyYAML's parser gives every event
+    one)."""
+    if mark is None:
+        return "an unknown position"
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
 def _check_events(text: str, where: str) -> None:
     """BundleError at the first YAML anchor or alias, a mapping key written twice, or nesting
     deeper than MAX_DEPTH.
@@ -71,31 +86,29 @@ def _check_events(text: str, where: str) -> None:
     refused too: PyYAML keeps the last one silently, so ``temperature`` written twice would
     mean whichever a reviewer did not read."""
     depth = 0
-    # one frame per open collection: [keys seen, next node is a key] for a mapping, None for
-    # a sequence; a node completes at its scalar or at its collection's end
-    frames: list = []
+    # one frame per open collection: a _MappingFrame for a mapping, None for a sequence; a
+    # node completes at its scalar or at its collection's end
+    frames: list[_MappingFrame | None] = []
 
     def done(scalar: yaml.ScalarEvent | None) -> None:
         frame = frames[-1] if frames else None
         if frame is None:
             return
-        if frame[1] and scalar is not None:
-            if scalar.value in frame[0]:
-                mark = scalar.start_mark
-                raise BundleError(f"{where}: duplicate key {show(scalar.value)} at line "
-                                  f"{mark.line + 1}, column {mark.column + 1}: a mapping may "
-                                  "hold each key once")
-            frame[0].add(scalar.value)
-        frame[1] = not frame[1]
+        if frame.key_next and scalar is not None:
+            if scalar.value in frame.keys:
+                raise BundleError(f"{where}: duplicate key {show(scalar.value)} at "
+                                  f"{_line_column(scalar.start_mark)}: a mapping may hold each "
+                                  "key once")
+            frame.keys.add(scalar.value)
+        frame.key_next = not frame.key_next
 
     for event in yaml.parse(text, Loader=SAFE_LOADER):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                mark = event.start_mark
-                raise BundleError(f"{where}: nested more than {MAX_DEPTH} levels deep (line "
-                                  f"{mark.line + 1}, column {mark.column + 1})")
-            frames.append([set(), True] if isinstance(event, yaml.MappingStartEvent) else None)
+                raise BundleError(f"{where}: nested more than {MAX_DEPTH} levels deep "
+                                  f"({_line_column(event.start_mark)})")
+            frames.append(_MappingFrame() if isinstance(event, yaml.MappingStartEvent) else None)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
             frames.pop()
@@ -104,12 +117,10 @@ def _check_events(text: str, where: str) -> None:
             done(event)
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
-            mark = event.start_mark
             kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
             raise BundleError(
-                f"{where}: YAML {kind}{str(anchor)[:40]} at line {mark.line + 1}, column "
-                f"{mark.column + 1}: anchors and aliases are not allowed in a manifest "
-                "(write every value out)")
+                f"{where}: YAML {kind}{str(anchor)[:40]} at {_line_column(event.start_mark)}: "
+                "anchors and aliases are not allowed in a manifest (write every value out)")
 
 
 def _parse_manifest_text(data: bytes, where: str) -> Manifest:

@@ -282,7 +282,8 @@ def _inflate(buf: memoryview) -> bytearray:
     d = zlib.decompressobj()
     try:
         out = bytearray(inner + 1)
-        n, pending = 0, stream
+        n = 0
+        pending: memoryview | bytes = stream  # then the decompressor's unconsumed tail
         while True:
             piece = d.decompress(pending, min(_CHUNK, inner + 1 - n))
             out[n:n + len(piece)] = piece

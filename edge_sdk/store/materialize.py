@@ -62,17 +62,22 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.graph import QUANT_AXIS, Graph, Op, Quantization, Tensor, tflite_weight
 from edge_sdk.store import sampler
 from edge_sdk.store.container import Store
-from edge_sdk.store.packing import unpack_bits, unpack_lookup, unpack_mask
+from edge_sdk.store.packing import Indices, Packed, unpack_bits, unpack_lookup, unpack_mask
 from edge_sdk.store.quant import QuantizedTensor, along, quantize_per_channel
 from edge_sdk.tflite_writer import write_tflite
+
+if TYPE_CHECKING:  # edge_sdk.bundle imports this module lazily (store bundles)
+    from edge_sdk.bundle.manifest import Configuration, Manifest
 
 __all__ = ["READABLE_STORE_INDEX_VERSIONS", "STORE_INDEX_VERSION", "LayerRecord", "decode_point", "head_graph", "materialize",
            "materialize_file", "materialize_graph", "sample_seed", "sample_weights",
@@ -88,6 +93,9 @@ READABLE_STORE_INDEX_VERSIONS = (2, 3)
 _U16 = 1 << 16
 
 
+_W = TypeVar("_W", bound=np.generic)
+
+
 def _bad(what: str) -> BundleError:
     return BundleError(f"store: {what}")
 
@@ -98,9 +106,10 @@ def sample_seed(index: Mapping[str, Any], sample: int) -> int:
 
 
 # ------------------------------------------------------------------------------ decoding
-def _layer(store: Store, name: str) -> dict:
+def _layer(store: Store, name: str) -> dict[str, Any]:
     try:
-        return store.index["layers"][name]
+        layer: dict[str, Any] = store.index["layers"][name]
+        return layer
     except (KeyError, TypeError):
         raise _bad(f"the index has no layer {name!r}") from None
 
@@ -111,7 +120,7 @@ def _rows(shape: list[int], out: int | None) -> tuple[int, int]:
     return (shape[0] if out is None else int(out)), per_row
 
 
-def decode_point(store: Store, name: str, out: int | None = None) -> np.ndarray:
+def decode_point(store: Store, name: str, out: int | None = None) -> npt.NDArray[np.float32]:
     """The point (unfolded) weights of layer ``name``, float32 torch layout, the first ``out``
     output channels (all: None), every input channel (docs/store.md §3 step 1)."""
     L = _layer(store, name)
@@ -122,7 +131,8 @@ def decode_point(store: Store, name: str, out: int | None = None) -> np.ndarray:
     if enc == "int8":
         codes = np.asarray(store.array(f"{name}/codes")).reshape(shape)[:rows]
         step = np.asarray(store.array(f"{name}/step"), np.float32)[:rows]
-        return codes.astype(np.float32) * along(step, 0, len(shape))
+        point: npt.NDArray[np.float32] = codes.astype(np.float32) * along(step, 0, len(shape))
+        return point
     book = np.asarray(store.array(f"{name}/codebook"), np.float32)
     bits = int(L["bits"])
     if enc == "codebook":
@@ -138,14 +148,14 @@ def decode_point(store: Store, name: str, out: int | None = None) -> np.ndarray:
     return vals.reshape([rows, *shape[1:]])
 
 
-def _take(book: np.ndarray, idx: np.ndarray, name: str) -> np.ndarray:
+def _take(book: npt.NDArray[np.float32], idx: Indices, name: str) -> npt.NDArray[np.float32]:
     if idx.size and int(idx.max()) >= book.size:
         raise _bad(f"layer {name!r}: index {int(idx.max())} outside its {book.size}-entry "
                    "codebook")
     return np.take(book, idx)  # = book[idx], 1.6x faster on uint16 indices
 
 
-def _lookup(buf, bits: int, count: int, book: np.ndarray, name: str) -> np.ndarray:
+def _lookup(buf: Packed, bits: int, count: int, book: npt.NDArray[np.float32], name: str) -> npt.NDArray[np.float32]:
     """``book`` at the ``count`` indices packed in ``buf`` (each checked against the book)."""
     try:
         return unpack_lookup(buf, bits, count, book)
@@ -153,27 +163,31 @@ def _lookup(buf, bits: int, count: int, book: np.ndarray, name: str) -> np.ndarr
         raise _bad(f"layer {name!r}: {exc}") from None
 
 
-def _codes(store: Store, name: str, rows: int) -> np.ndarray:
+def _codes(store: Store, name: str, rows: int) -> npt.NDArray[np.int8]:
     """The int8 codes of the first ``rows`` output channels on the layer's ``step``: stored
     (int8) or ``rint(value / step)`` (codebook kinds, exact where ``route`` is int8)."""
     L = _layer(store, name)
     if L["encoding"] == "int8":
-        return np.asarray(store.array(f"{name}/codes")).reshape(L["shape"])[:rows]
+        codes: npt.NDArray[np.int8] = np.asarray(store.array(f"{name}/codes")) \
+            .reshape(L["shape"])[:rows]
+        return codes
     w = decode_point(store, name, rows)
     step = np.asarray(store.array(f"{name}/step"), np.float32)[:rows]
-    return np.rint(w / along(step, 0, w.ndim)).astype(np.int8)
+    rounded: npt.NDArray[np.int8] = np.rint(w / along(step, 0, w.ndim)).astype(np.int8)
+    return rounded
 
 
-def sigma_reference(mu: np.ndarray, step: np.ndarray) -> np.ndarray:
+def sigma_reference(mu: npt.ArrayLike, step: npt.ArrayLike) -> npt.NDArray[np.float32]:
     """The relative sigma coding's reference per weight (docs/store.md §2): ``max(|mu|,
     step_c / 2)``, float32, ``mu`` the decoded point weights (torch layout, the first rows)
     and ``step`` the int8 step of each of their output channels."""
-    mu = np.asarray(mu, np.float32)
-    half = np.asarray(step, np.float32)[:mu.shape[0]] * np.float32(0.5)
-    return np.maximum(np.abs(mu), along(half, 0, mu.ndim))
+    mu32 = np.asarray(mu, np.float32)
+    half = np.asarray(step, np.float32)[:mu32.shape[0]] * np.float32(0.5)
+    ref: npt.NDArray[np.float32] = np.maximum(np.abs(mu32), along(half, 0, mu32.ndim))
+    return ref
 
 
-def sample_weights(store: Store, name: str, sample: int, out: int | None = None) -> np.ndarray:
+def sample_weights(store: Store, name: str, sample: int, out: int | None = None) -> npt.NDArray[np.float32]:
     """Layer ``name``'s weights in posterior sample ``sample`` (float32 torch layout, the first
     ``out`` output channels): normal ``mu + sigma * eps`` (float32, elementwise, ``eps`` =
     :func:`edge_sdk.store.sampler.normal` at the weight's flat index), categorical (SQS: one
@@ -209,8 +223,8 @@ def sample_weights(store: Store, name: str, sample: int, out: int | None = None)
     raise _bad(f"layer {name!r}: unknown sampler {kind!r}")
 
 
-def _categorical(store: Store, name: str, L: dict, shape: list[int], seed: int, stream: int,
-                 n: int) -> np.ndarray:
+def _categorical(store: Store, name: str, L: dict[str, Any], shape: list[int], seed: int,
+                 stream: int, n: int) -> npt.NDArray[np.float32]:
     numel = int(np.prod(shape))
     cat = L["cat"]
     bits = int(L["bits"])
@@ -252,7 +266,8 @@ def _categorical(store: Store, name: str, L: dict, shape: list[int], seed: int, 
 
 
 # ------------------------------------------------------------------------------ cutting
-def _cut_inputs(w: np.ndarray, kind: str, ranges, spatial: int) -> np.ndarray:
+def _cut_inputs(w: npt.NDArray[_W], kind: str, ranges: Sequence[Sequence[int]] | None,
+                spatial: int) -> npt.NDArray[_W]:
     """The kept input channels (``[start, stop)`` ranges in channel units; a linear layer's
     columns are (C, H, W): ``spatial`` per channel)."""
     if ranges is None or kind == "depthwise":
@@ -266,7 +281,7 @@ def _cut_inputs(w: np.ndarray, kind: str, ranges, spatial: int) -> np.ndarray:
     return w[:, cols]
 
 
-def _in_scale(w: np.ndarray, kind: str, scale: np.ndarray, spatial: int) -> np.ndarray:
+def _in_scale(w: npt.NDArray[np.float32], kind: str, scale: npt.NDArray[np.float32], spatial: int) -> npt.NDArray[np.float32]:
     """``w`` times the forward-folded per-input-channel scale (float32, as trainer.nest's
     truncation computes it); a depthwise kernel's input channel is its output channel."""
     if kind == "depthwise":
@@ -286,10 +301,11 @@ class LayerRecord:
     route: str
     codes: bool
     max_rel_error: float
-    effective: np.ndarray
+    effective: npt.NDArray[np.float32]
 
 
-def _fold(store: Store, wk: str, cut: dict, sample: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _fold(store: Store, wk: str, cut: dict[str, Any], sample: int | None
+          ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """(a, t) of one layer at width ``wk``: the point network's, or sample ``sample``'s own
     (``sfold``; a layer without one folds the same for every sample)."""
     off, k = int(cut["fold"]), int(cut["out"])
@@ -306,8 +322,8 @@ def _fold(store: Store, wk: str, cut: dict, sample: int | None) -> tuple[np.ndar
     return f[0, off:off + k], f[1, off:off + k]
 
 
-def _layer_weights(store: Store, name: str, wk: str, cut: dict, sample: int | None,
-                   route: str) -> tuple[QuantizedTensor | None, np.ndarray, np.ndarray, bool]:
+def _layer_weights(store: Store, name: str, wk: str, cut: dict[str, Any], sample: int | None,
+                   route: str) -> tuple[QuantizedTensor | None, npt.NDArray[np.float32], npt.NDArray[np.float32], bool]:
     """(int8 form or None, float32 folded weight, bias, codes used) of one layer."""
     L = _layer(store, name)
     kind, out = L["kind"], int(cut["out"])
@@ -372,8 +388,9 @@ def head_graph(graph: Graph, classifier: str, heads: int) -> Graph:
     return g
 
 
-def _set_weight(g: Graph, name: str, kind: str, qt: QuantizedTensor | None, folded: np.ndarray,
-                flat_hw, route: str, arrays: dict[str, np.ndarray]) -> str:
+def _set_weight(g: Graph, name: str, kind: str, qt: QuantizedTensor | None, folded: npt.NDArray[np.float32],
+                flat_hw: tuple[int, int] | None, route: str,
+                arrays: dict[str, npt.NDArray[Any]]) -> str:
     """Put layer ``name``'s filter into the route-free template (float constant
     ``<name>/weight``): float as is; int8 + DEQUANTIZE (the DEQUANTIZE just before its
     consumer); hybrid: the int8 filter straight into the op. Returns the route written."""
@@ -398,9 +415,9 @@ def _set_weight(g: Graph, name: str, kind: str, qt: QuantizedTensor | None, fold
     return "dequantize"
 
 
-def materialize_graph(store: Store, graph: Graph | Mapping, width_key: str, *,
+def materialize_graph(store: Store, graph: Graph | Mapping[str, Any], width_key: str, *,
                       sample: int | None = None, heads: int = 0
-                      ) -> tuple[Graph, dict[str, np.ndarray], list[LayerRecord]]:
+                      ) -> tuple[Graph, dict[str, npt.NDArray[Any]], list[LayerRecord]]:
     """The filled graph, its weights and per-layer records that :func:`materialize` writes."""
     idx = store.index
     if not isinstance(idx, Mapping) or idx.get("version") not in READABLE_STORE_INDEX_VERSIONS:
@@ -427,9 +444,9 @@ def materialize_graph(store: Store, graph: Graph | Mapping, width_key: str, *,
     g = Graph.from_dict(graph) if isinstance(graph, Mapping) else copy.deepcopy(graph)
     classifier = idx.get("classifier")
     if heads:
-        g = head_graph(g, classifier, heads)
+        g = head_graph(g, str(classifier), heads)  # no classifier: refused there, as 'None'
     route = idx.get("weights", "dequantize")
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, npt.NDArray[Any]] = {}
     records: list[LayerRecord] = []
     for name, L in idx["layers"].items():
         cut = wi["layers"][name]
@@ -449,7 +466,8 @@ def materialize_graph(store: Store, graph: Graph | Mapping, width_key: str, *,
     return g, arrays, records
 
 
-def _stacked_heads(store: Store, name: str, wk: str, cut: dict, heads: int, route: str):
+def _stacked_heads(store: Store, name: str, wk: str, cut: dict[str, Any], heads: int, route: str
+                   ) -> tuple[QuantizedTensor | None, npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """S sampled classifiers (samples 0 .. S-1) on the point network's fold, stacked into one
     ``[S*C, in]`` weight quantized per row (so head S's rows are head S_max's first S)."""
     L = _layer(store, name)
@@ -471,7 +489,7 @@ def _stacked_heads(store: Store, name: str, wk: str, cut: dict, heads: int, rout
     return qt, folded, bias
 
 
-def materialize(store: Store, graph: Graph | Mapping, width_key: str, *,
+def materialize(store: Store, graph: Graph | Mapping[str, Any], width_key: str, *,
                 sample: int | None = None, heads: int = 0) -> bytes:
     """The ``.tflite`` bytes of one slice (docs/store.md §3): the width ``width_key``'s point
     network (``sample`` None, ``heads`` 0), posterior sample ``sample`` with its own folded
@@ -483,7 +501,7 @@ def materialize(store: Store, graph: Graph | Mapping, width_key: str, *,
     return write_tflite(g, arrays)
 
 
-def materialize_file(store: Store, manifest, config, i: int) -> bytes:
+def materialize_file(store: Store, manifest: Manifest, config: Configuration, i: int) -> bytes:
     """File ``i`` of configuration ``config`` of a ``layout: store`` ``manifest``, from its
     recipe (``config.materialize[i]``) and the recipe width's graph. The caller checks the
     bytes against ``config.files[i]`` (``edge_sdk.bundle.verify_bytes`` + ``check_slice``)."""

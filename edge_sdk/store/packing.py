@@ -66,6 +66,8 @@ def packed_size(count: int, bits: int) -> int:
 _S = TypeVar("_S", bound=np.generic)
 # what unpack_bits returns: uint16 up to 16 bits, else uint32
 Indices = npt.NDArray[np.unsignedinteger[Any]]
+# packed bytes: from a file, or a store's uint8 array (anything np.frombuffer reads)
+Packed = bytes | bytearray | memoryview | npt.NDArray[np.uint8]
 
 
 def pack_bits(indices: npt.ArrayLike, bits: int) -> bytes:
@@ -99,7 +101,7 @@ def pack_bits(indices: npt.ArrayLike, bits: int) -> bytes:
     return np.packbits(rows.reshape(-1), bitorder="little").tobytes()
 
 
-def _packed_bytes(buf: bytes | bytearray | memoryview, bits: int,
+def _packed_bytes(buf: Packed, bits: int,
                   count: int) -> npt.NDArray[np.uint8]:
     """``buf`` as uint8, refused (``BundleError``) unless it is exactly ``ceil(count * bits / 8)``
     bytes with zero padding bits."""
@@ -116,7 +118,7 @@ def _packed_bytes(buf: bytes | bytearray | memoryview, bits: int,
     return raw
 
 
-def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> Indices:
+def unpack_bits(buf: Packed, bits: int, count: int) -> Indices:
     """The ``count`` indices packed in ``buf`` at ``bits`` bits each, as a new 1-D array.
 
     dtype uint16 for ``bits <= 16``, else uint32. Refuses (``BundleError``) a buffer that is not
@@ -136,7 +138,7 @@ def unpack_bits(buf: bytes | bytearray | memoryview, bits: int, count: int) -> I
     return _unpack_gather(raw, bits, count, dtype)
 
 
-def unpack_lookup(buf: bytes | bytearray | memoryview, bits: int, count: int,
+def unpack_lookup(buf: Packed, bits: int, count: int,
                   table: npt.NDArray[_S]) -> npt.NDArray[_S]:
     """``table[unpack_bits(buf, bits, count)]``: the ``table`` entries (a 1-D array, e.g. a
     codebook) the ``count`` packed indices select, a 1-D array of ``table``'s dtype. Refuses
@@ -211,7 +213,7 @@ def pack_mask(mask: npt.ArrayLike) -> bytes:
     return pack_bits(np.asarray(mask).reshape(-1) != 0, 1)
 
 
-def unpack_mask(buf: bytes | bytearray | memoryview, count: int) -> npt.NDArray[np.bool_]:
+def unpack_mask(buf: Packed, count: int) -> npt.NDArray[np.bool_]:
     """The boolean mask of ``count`` elements :func:`pack_mask` wrote (refuses as
     :func:`unpack_bits` does)."""
     return unpack_bits(buf, 1, count).astype(bool)
