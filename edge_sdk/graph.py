@@ -24,9 +24,10 @@ that knows each op's output shape; :meth:`Graph.validate` re-runs it on a loaded
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, SupportsInt, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk import graph_ops
 from edge_sdk.errors import ConfigError
@@ -74,10 +75,11 @@ SCALAR_OPS = ("ADD", "MUL")
 # the weighted layer kinds and the axis their per-channel int8 scales run along in TFLite
 # (CONV_2D / FULLY_CONNECTED filters: 0, the output channel; DEPTHWISE_CONV_2D [1, kh, kw, C]: 3)
 QUANT_AXIS = {"conv": 0, "depthwise": 3, "linear": 0}
+_S = TypeVar("_S", bound=np.generic)
 
 
-def tflite_weight(w: np.ndarray, kind: str, flat_hw: tuple[int, int] | None = None
-                  ) -> np.ndarray:
+def tflite_weight(w: npt.NDArray[_S], kind: str, flat_hw: tuple[int, int] | None = None
+                  ) -> npt.NDArray[_S]:
     """A torch-layout weight in the graph's (TFLite's) layout: conv OIHW -> OHWI, depthwise
     ``[C, 1, kh, kw]`` -> ``[1, kh, kw, C]``, linear ``[out, in]`` unchanged, except after a
     flatten of an ``(H, W)`` map (``flat_hw``): torch flattened (C, H, W), NHWC flattens
@@ -141,12 +143,12 @@ class Graph:
         raise ConfigError(f"graph has no tensor {name!r}")
 
     # ---- serialisation -------------------------------------------------------------------
-    def to_dict(self, compact: bool = False) -> dict:
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
         """JSON/YAML-ready: lists, strings, numbers and None only. ``compact`` leaves out what
         :meth:`from_dict` defaults (a float32 dtype, empty options, the default signature,
         description and batch dimension): a store bundle's manifest holds one per width."""
-        def tensor(t: Tensor) -> dict:
-            d = {"name": t.name, "shape": list(t.shape)}
+        def tensor(t: Tensor) -> dict[str, Any]:
+            d: dict[str, Any] = {"name": t.name, "shape": list(t.shape)}
             if not compact or t.dtype != "float32":
                 d["dtype"] = t.dtype
             if t.weight is not None:
@@ -155,13 +157,13 @@ class Graph:
                 d["quant"] = {"scale": [float(s) for s in t.quant.scale], "axis": t.quant.axis}
             return d
 
-        def op(o: Op) -> dict:
-            d = {"op": o.op, "inputs": list(o.inputs), "outputs": list(o.outputs)}
+        def op(o: Op) -> dict[str, Any]:
+            d: dict[str, Any] = {"op": o.op, "inputs": list(o.inputs), "outputs": list(o.outputs)}
             if not compact or o.options:
                 d["options"] = _plain(o.options)
             return d
 
-        out = {"version": self.version, "signature": self.signature,
+        out: dict[str, Any] = {"version": self.version, "signature": self.signature,
                "description": self.description, "batch_dim": self.batch_dim,
                "inputs": list(self.inputs), "outputs": list(self.outputs),
                "tensors": [tensor(t) for t in self.tensors], "ops": [op(o) for o in self.ops]}
@@ -173,7 +175,7 @@ class Graph:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Graph":
+    def from_dict(cls, d: Mapping[str, Any]) -> "Graph":
         if not isinstance(d, Mapping):
             raise ConfigError(f"a graph description is a mapping, got {type(d).__name__}")
         if d.get("version") != GRAPH_VERSION:
@@ -196,7 +198,7 @@ class Graph:
                               "the keys Graph.to_dict writes") from None
 
     # ---- checks ----------------------------------------------------------------------------
-    def validate(self, weights: Mapping[str, np.ndarray] | None = None) -> None:
+    def validate(self, weights: Mapping[str, npt.NDArray[Any]] | None = None) -> None:
         """Every reference resolves, every tensor is produced once, every op's output shape is
         the one :func:`infer_shape` gives, and (with ``weights``) every constant's array has
         the tensor's shape and dtype. Raises :class:`ConfigError` naming the first problem."""
@@ -213,12 +215,12 @@ class Graph:
             produced.add(n)
         for o in self.ops:
             where = f"{o.op} {o.outputs}"
-            ins = []
-            for n in o.inputs:
-                if n is not None and n not in produced:
-                    raise ConfigError(f"{where}: input {n!r} is not produced before it (or "
+            ins: list[Tensor | None] = []
+            for i in o.inputs:
+                if i is not None and i not in produced:
+                    raise ConfigError(f"{where}: input {i!r} is not produced before it (or "
                                       "not a tensor of the graph)")
-                ins.append(None if n is None else by_name[n])
+                ins.append(None if i is None else by_name[i])
             if len(o.outputs) != 1 or o.outputs[0] not in by_name or o.outputs[0] in produced:
                 raise ConfigError(f"{where}: an op has one output, a tensor of the graph "
                                   "produced nowhere else")
@@ -241,7 +243,8 @@ class Graph:
                     check_weight(t, weights)
 
 
-def _plain(v):
+def _plain(v: object) -> object:
+    """``v`` with mappings as dicts, sequences and arrays as lists, numpy scalars as Python's."""
     if isinstance(v, Mapping):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple, np.ndarray)):
@@ -272,9 +275,9 @@ def check_tensor(t: Tensor) -> None:
                               "within float32's normal range")
 
 
-def check_weight(t: Tensor, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+def check_weight(t: Tensor, weights: Mapping[str, npt.NDArray[Any]]) -> npt.NDArray[Any]:
     """The array constant ``t`` refers to, checked against its shape and dtype."""
-    if t.weight not in weights:
+    if t.weight is None or t.weight not in weights:
         raise ConfigError(f"tensor {t.name!r} refers to weight {t.weight!r}, which the weights "
                           "given do not hold")
     a = np.asarray(weights[t.weight])
@@ -287,7 +290,7 @@ def check_weight(t: Tensor, weights: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ shapes
-def pair(v, what: str) -> tuple[int, int]:
+def pair(v: int | Sequence[int] | None, what: str) -> tuple[int, int]:
     """``2`` and ``[2, 2]`` -> (2, 2); anything else positive-int-pair-like or a ConfigError."""
     p = (v, v) if isinstance(v, (int, np.integer)) else tuple(v) if v is not None else ()
     if len(p) != 2 or not all(isinstance(x, (int, np.integer)) and x >= 1 for x in p):
@@ -295,17 +298,18 @@ def pair(v, what: str) -> tuple[int, int]:
     return int(p[0]), int(p[1])
 
 
-def window_hw(hw: Sequence[int], k: Sequence[int], stride: Sequence[int], padding: str,
+def window_hw(hw: tuple[int, int], k: tuple[int, int], stride: tuple[int, int], padding: str,
               what: str) -> tuple[int, int]:
     """Output height and width of a conv or pool window (TFLite's SAME/VALID rules)."""
     if padding not in PADDINGS:
         raise ConfigError(f"{what}: padding must be SAME or VALID, got {padding!r}")
+    (h, w), (kh, kw), (sh, sw) = hw, k, stride
     if padding == "SAME":
-        return tuple(-(-n // s) for n, s in zip(hw, stride))
-    if any(n < kk for n, kk in zip(hw, k)):
+        return -(-h // sh), -(-w // sw)
+    if h < kh or w < kw:
         raise ConfigError(f"{what}: VALID window {list(k)} does not fit an input of size "
                           f"{list(hw)}")
-    return tuple((n - kk) // s + 1 for n, kk, s in zip(hw, k, stride))
+    return (h - kh) // sh + 1, (w - kw) // sw + 1
 
 
 def _need(t: Tensor | None, what: str, rank: int | None = None, dtype: str = "float32",
@@ -425,12 +429,12 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
     return _need(x, f"{what} input"), "float32"  # RELU, RELU6, SOFTMAX, LOGISTIC, HARD_SWISH
 
 
-def _reshape(old: tuple[int, ...], shape, what: str) -> tuple[int, ...]:
+def _reshape(old: tuple[int, ...], option: Iterable[SupportsInt], what: str) -> tuple[int, ...]:
     """One dimension may be -1 (inferred at every resize: how the batch stays resizable)."""
     try:
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(int(d) for d in option)
     except TypeError:
-        raise ConfigError(f"{what}: option shape must be a list of ints, got {shape!r}") from None
+        raise ConfigError(f"{what}: option shape must be a list of ints, got {option!r}") from None
     total = int(np.prod(old))
     if shape.count(-1) > 1 or any(d == 0 or d < -1 for d in shape):
         raise ConfigError(f"{what}: reshape to {list(shape)}: dimensions must be > 0, one may "
@@ -442,7 +446,7 @@ def _reshape(old: tuple[int, ...], shape, what: str) -> tuple[int, ...]:
     return static
 
 
-def graph_stats(graph: Graph) -> dict:
+def graph_stats(graph: Graph) -> dict[str, Any]:
     """MACs per invoke and parameters counted from the graph (DESIGN: "MACs per slice, counted
     from the graph"). CONV_2D: ``H_out W_out C_out kh kw C_in`` per batch element;
     DEPTHWISE_CONV_2D: ``H_out W_out C kh kw``; FULLY_CONNECTED: ``in x out`` per row.
@@ -455,7 +459,10 @@ def graph_stats(graph: Graph) -> dict:
         ops[o.op] = ops.get(o.op, 0) + 1
         if o.op not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
             continue
-        filt, out = shapes[o.inputs[1]], shapes[o.outputs[0]]
+        weight = o.inputs[1]
+        if weight is None:
+            raise ConfigError(f"{o.op} {o.outputs}: no filter input")
+        filt, out = shapes[weight], shapes[o.outputs[0]]
         macs += int(np.prod(out[:-1])) * int(np.prod(filt))  # OHWI, [1,kh,kw,C], [out,in]
         params += int(np.prod(filt))
         if o.op != "FULLY_CONNECTED" or (len(o.inputs) > 2 and o.inputs[2] is not None):

@@ -5,12 +5,26 @@ the tensor it made (names are what a graph description refers to).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
 from edge_sdk.graph import Graph, Op, Quantization, Tensor, check_tensor, infer_shape
+
+IntPair = int | Sequence[int]  # 2 or [2, 2]: a window's size or stride (edge_sdk.graph.pair)
+
+
+class PerChannelScale(Protocol):
+    """What :meth:`GraphBuilder.add_const` reads of ``quant`` (e.g. a
+    :class:`edge_sdk.store.quant.QuantizedTensor`)."""
+
+    @property
+    def scale(self) -> npt.ArrayLike: ...
+
+    @property
+    def axis(self) -> int: ...
 
 __all__ = ["GraphBuilder"]
 
@@ -22,7 +36,7 @@ class GraphBuilder:
     def __init__(self) -> None:
         self.tensors: dict[str, Tensor] = {}
         self.ops: list[Op] = []
-        self.weights: dict[str, np.ndarray] = {}
+        self.weights: dict[str, npt.NDArray[Any]] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []
 
@@ -30,7 +44,7 @@ class GraphBuilder:
     def shape(self, t: str) -> tuple[int, ...]:
         return tuple(self.tensors[t].shape)
 
-    def dtype(self, t: str) -> np.dtype:
+    def dtype(self, t: str) -> np.dtype[Any]:
         return np.dtype(self.tensors[t].dtype)
 
     def _new(self, t: Tensor) -> str:
@@ -48,12 +62,14 @@ class GraphBuilder:
             out = f"{name}_{i}"
         return out
 
-    def add_input(self, name: str, shape: Sequence[int], dtype=np.float32) -> str:
+    def add_input(self, name: str, shape: Sequence[int], dtype: npt.DTypeLike = np.float32
+                  ) -> str:
         t = self._new(Tensor(name, tuple(int(d) for d in shape), np.dtype(dtype).name))
         self.inputs.append(t)
         return t
 
-    def add_const(self, array: np.ndarray, name: str, quant: Any = None) -> str:
+    def add_const(self, array: npt.ArrayLike, name: str, quant: PerChannelScale | None = None
+                  ) -> str:
         """A constant named ``name`` (its array is stored under the same key). ``quant`` (any
         object with ``scale`` and ``axis``) marks an int8 array as per-channel quantized."""
         array = np.ascontiguousarray(array)
@@ -91,7 +107,7 @@ class GraphBuilder:
         self.outputs = [new if n == old else n for n in self.outputs]
 
     # ---- ops -------------------------------------------------------------------------------
-    def op(self, op: str, inputs: Sequence[str | None], name: str, **options) -> str:
+    def op(self, op: str, inputs: Sequence[str | None], name: str, **options: Any) -> str:
         """Any op of :data:`edge_sdk.graph.OPS`; the output's shape is inferred (and checked)."""
         for n in inputs:
             if n is not None and n not in self.tensors:
@@ -106,13 +122,14 @@ class GraphBuilder:
     def dequantize(self, t: str, name: str) -> str:
         return self.op("DEQUANTIZE", [t], name)
 
-    def conv2d(self, x: str, filt: str, bias: str | None, *, stride=1, padding: str = "SAME",
+    def conv2d(self, x: str, filt: str, bias: str | None, *, stride: IntPair = 1,
+               padding: str = "SAME",
                activation: str | None = None, name: str) -> str:
         """``filt``: OHWI ``[C_out, kh, kw, C_in]`` (torch OIHW -> ``transpose(0, 2, 3, 1)``)."""
         return self.op("CONV_2D", [x, filt, bias], name, stride=stride, padding=padding,
                        activation=activation)
 
-    def depthwise_conv2d(self, x: str, filt: str, bias: str | None, *, stride=1,
+    def depthwise_conv2d(self, x: str, filt: str, bias: str | None, *, stride: IntPair = 1,
                          padding: str = "SAME", activation: str | None = None, name: str) -> str:
         """``filt``: ``[1, kh, kw, C]`` (depth multiplier 1; torch ``[C, 1, kh, kw]``)."""
         return self.op("DEPTHWISE_CONV_2D", [x, filt, bias], name, stride=stride,
@@ -134,11 +151,13 @@ class GraphBuilder:
         """Zero padding; ``paddings[d] = (before, after)`` for every dimension of ``x``."""
         return self.op("PAD", [x], name, paddings=[[int(a), int(b)] for a, b in paddings])
 
-    def max_pool2d(self, x: str, size, stride=None, padding: str = "VALID", *,
+    def max_pool2d(self, x: str, size: IntPair, stride: IntPair | None = None,
+                   padding: str = "VALID", *,
                    name: str) -> str:
         return self.op("MAX_POOL_2D", [x], name, size=size, stride=stride, padding=padding)
 
-    def average_pool2d(self, x: str, size, stride=None, padding: str = "VALID", *,
+    def average_pool2d(self, x: str, size: IntPair, stride: IntPair | None = None,
+                       padding: str = "VALID", *,
                        name: str) -> str:
         return self.op("AVERAGE_POOL_2D", [x], name, size=size, stride=stride, padding=padding)
 
@@ -164,7 +183,7 @@ class GraphBuilder:
 
     # ---- output ----------------------------------------------------------------------------
     def graph(self, resizable_batch: bool = False, signature: str = "serving_default",
-              description: str = "edge-sdk exporter") -> tuple[Graph, dict[str, np.ndarray]]:
+              description: str = "edge-sdk exporter") -> tuple[Graph, dict[str, npt.NDArray[Any]]]:
         """The description and its weights. ``resizable_batch``: dimension 0 of every input
         and output may be resized (the graph must not hard-code the batch: reshape with -1)."""
         g = Graph(list(self.tensors.values()), list(self.ops), list(self.inputs),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -354,7 +354,8 @@ def ood_aupr(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
 
 def _entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
     # log(1) = 0 stands in for log(0), so zero probabilities contribute 0 without a warning.
-    return -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=-1)
+    h: NDArray[np.float64] = -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=-1)
+    return h
 
 
 def _predictive_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -362,7 +363,8 @@ def _predictive_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 def _expected_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
-    return _entropy(p).mean(axis=0)
+    h: NDArray[np.float64] = _entropy(p).mean(axis=0)
+    return h
 
 
 def predictive_entropy(probs_s: ArrayLike) -> NDArray[np.float64]:
@@ -388,7 +390,8 @@ def mutual_information(probs_s: ArrayLike) -> NDArray[np.float64]:
 # --------------------------------------------------------------------------- logits
 
 
-def _scaled_logits(logits: ArrayLike, axis: int, temperature: float) -> NDArray[np.floating]:
+def _scaled_logits(logits: ArrayLike, axis: int, temperature: float
+                   ) -> NDArray[np.floating[Any]]:
     x = np.asarray(logits)
     if x.dtype.kind not in "iuf":
         raise InputError(f"logits must be a numeric array, got dtype {x.dtype}")
@@ -406,21 +409,25 @@ def _scaled_logits(logits: ArrayLike, axis: int, temperature: float) -> NDArray[
         raise InputError(f"temperature must be a finite number > 0, got {temperature!r}")
     z = x / temperature
     # Shifting by the max changes nothing mathematically and keeps exp() from overflowing.
-    return z - z.max(axis=axis, keepdims=True)
+    shifted: NDArray[np.floating[Any]] = z - z.max(axis=axis, keepdims=True)
+    return shifted
 
 
-def softmax(logits: ArrayLike, axis: int = -1, temperature: float = 1.0) -> NDArray[np.floating]:
+def softmax(logits: ArrayLike, axis: int = -1, temperature: float = 1.0
+            ) -> NDArray[np.floating[Any]]:
     """Numerically stable ``softmax(logits / temperature)`` along ``axis``."""
     e = np.exp(_scaled_logits(logits, axis, temperature))
-    return e / e.sum(axis=axis, keepdims=True)
+    p: NDArray[np.floating[Any]] = e / e.sum(axis=axis, keepdims=True)
+    return p
 
 
 def log_softmax(
     logits: ArrayLike, axis: int = -1, temperature: float = 1.0
-) -> NDArray[np.floating]:
+) -> NDArray[np.floating[Any]]:
     """Numerically stable ``log(softmax(logits / temperature))`` along ``axis``."""
     z = _scaled_logits(logits, axis, temperature)
-    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    logp: NDArray[np.floating[Any]] = z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    return logp
 
 
 def sample_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
@@ -433,7 +440,7 @@ def sample_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.floa
         raise InputError(
             f"logits must have shape [S, N, C] (or [N, C] for a single sample), got shape {x.shape}"
         )
-    return softmax(x, axis=-1, temperature=temperature)
+    return softmax(x, axis=-1, temperature=temperature).astype(np.float64, copy=False)  # x: f64
 
 
 def predictive_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
@@ -442,7 +449,8 @@ def predictive_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.
     What the manifest's test metrics, the exporter's thresholds and the report are computed
     on; the runtime's ``predict`` computes the same average (inlined on its hot path).
     """
-    return sample_probs(logits, temperature).mean(axis=0)
+    mean: NDArray[np.float64] = sample_probs(logits, temperature).mean(axis=0)
+    return mean
 
 
 # --------------------------------------------------------------------------- selective prediction
