@@ -4,7 +4,8 @@ by ``trainer.nest`` (width 1.0 is the trained network itself) and fine-tuned M e
 same nested network trained N + M epochs from scratch: test accuracy per width (batch norms
 re-collected per width on 512 training images, torch eval). Rows are printed as each arm ends.
 
-Both nested arms use one loop: SGD, a sampled pass (Downhill masks, weight noise) plus the
+Both nested arms use one loop: SGD, a sampled pass (Downhill masks; the weights at their
+means unless ``--weight-noise``, which samples them and doubles every conv's cost) plus the
 narrowest width's pass each step (the sandwich rule's two ends), cross-entropy only (no KL: a
 benchmark of where the weights start, not of the Bayesian regime). ``--parallel`` runs the
 from-scratch arm in a second process (``--threads`` each) next to the trained -> nested arm.
@@ -65,7 +66,11 @@ def plain_resnet18(cifar_stem: bool):
     return net
 
 
-def train(model, x, y, epochs: int, lr: float, nested: bool, batch: int = 128) -> None:
+def train(model, x, y, epochs: int, lr: float, nested: bool, batch: int = 128,
+          noise: bool = False) -> None:
+    if nested and not noise:
+        for m in model.bayes_layers():
+            m.mode = "mean"  # masks sampled, weights at their means (None: auto)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     steps = epochs * (len(x) // batch)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
@@ -103,7 +108,8 @@ def scratch_arm(args) -> tuple[dict[float, float], float]:
     t = time.time()
     torch.manual_seed(0)
     scratch = nest(plain_resnet18(args.cifar_stem))
-    train(scratch, x, y, args.epochs + args.finetune, args.lr, nested=True)
+    train(scratch, x, y, args.epochs + args.finetune, args.lr, nested=True,
+          noise=args.weight_noise)
     return accuracy(scratch, xt, yt, calib), time.time() - t
 
 
@@ -121,6 +127,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--cifar-stem", action="store_true")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--weight-noise", action="store_true",
+                   help="sample the weights in the nested arms' training (2x the cost)")
     p.add_argument("--parallel", action="store_true",
                    help="run the from-scratch arm in a second process at the same time")
     args = p.parse_args()
@@ -156,7 +164,7 @@ def main() -> None:
     print("| arm | " + " | ".join(f"acc {w:g}" for w in WIDTHS) + " | s |")
     print("|---" * (len(WIDTHS) + 2) + "|", flush=True)
     row(f"trained {n} + nested, no fine-tune", accuracy(nested, xt, yt, calib), "-")
-    train(nested, x, y, m, args.lr / 2, nested=True)
+    train(nested, x, y, m, args.lr / 2, nested=True, noise=args.weight_noise)
     row(f"trained {n} + nested + {m} fine-tune", accuracy(nested, xt, yt, calib),
         f"{time.time() - t0:.0f}")
     fresh, secs = future.result() if future is not None else scratch_arm(args)

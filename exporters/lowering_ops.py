@@ -43,19 +43,20 @@ class _Ops:
         if self.g.dtype(wt) != np.float32:
             raise self.fail(node, "a grouped conv has no hybrid (int8 filter) route; export "
                                   "with weights dequantize or float")
-        n, kh, kw, c = self.g.shape(wt)
-        groups = layer.conv_groups
-        per_out = n // groups
+        n, kh, kw, c = self.g.shape(wt)  # c: a conv group's channels (in == out per group)
         act = layer.activation if fused else None
         outs = []
-        for i in range(groups):
+        # a width may end inside a conv group (trainer.nesting.partial_groups): that last
+        # group keeps its first k outputs reading its first k inputs
+        for i, lo in enumerate(range(0, n, c)):
+            k = min(c, n - lo)
             # GATHER, not SLICE: TFLite's SLICE keeps its recorded output shape when the
             # batch is resized (a wrong-size error on LiteRT, a crash on tflite-runtime 2.14)
             xi = self.g.op("GATHER", [x], f"{name}/g{i}/x", axis=3,
-                           indices=list(range(i * c, (i + 1) * c)))
-            wi = self.g.op("SLICE", [wt], f"{name}/g{i}/w", begin=[i * per_out, 0, 0, 0],
-                           size=[per_out, kh, kw, c])
-            bi = self.g.op("SLICE", [bt], f"{name}/g{i}/b", begin=[i * per_out], size=[per_out])
+                           indices=list(range(lo, lo + k)))
+            wi = self.g.op("SLICE", [wt], f"{name}/g{i}/w", begin=[lo, 0, 0, 0],
+                           size=[k, kh, kw, k])
+            bi = self.g.op("SLICE", [bt], f"{name}/g{i}/b", begin=[lo], size=[k])
             outs.append(self.g.conv2d(xi, wi, bi, stride=s, padding=padding, activation=act,
                                       name=f"{name}/g{i}"))
         return self.g.concatenation(outs, 3, name=name)

@@ -23,8 +23,8 @@ from trainer.nest_ops import (HOMOGENEOUS, MUL, POOL_FUNCTIONS, RESIZE_FUNCTIONS
                               resize_of_call, resize_of_module)
 from trainer.nest_plan import (_ADD, _CAT, _FLATTEN, _PASS_MODULES, SUPPORTED, Block, Plan,
                                _arg, _make_block, _only_user, fail, module_path)
-from trainer.nest_rules import (_check, _check_forward_folds, _gate, _norm_block, _option_a,
-                                _pad_at_end, _refuse_reshape, _spatial_stride)
+from trainer.nest_rules import (Sum, _check, _check_forward_folds, _gate, _norm_block,
+                                _option_a, _pad_at_end, _refuse_reshape, _spatial_stride)
 
 __all__ = ["Block", "Plan", "SUPPORTED", "analyse", "fail", "module_path"]
 
@@ -120,7 +120,7 @@ def _function(node: fx.Node, env: dict, plan: Plan, relu6_nodes: set) -> list:
             raise fail(node, "adds a concatenation: its branches cannot stay aligned")
         s = plan.union(a[0][0], b[0][0])
         plan.added.add(s)
-        return [(s, a[0][1] or b[0][1], None)]
+        return [(s, a[0][1] or b[0][1], Sum([a[0][2], b[0][2]]))]
     if fn in _CAT:
         xs = node.args[0] if node.args else node.kwargs.get("tensors")
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)

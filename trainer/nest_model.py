@@ -75,7 +75,23 @@ def _expand(idx: torch.Tensor, spatial: int) -> torch.Tensor:
 
 
 class NestConv2d(_Segmented, BayesNestedConv2d):
-    pass
+    def _op(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """A grouped conv cut inside a conv group (trainer.nesting.partial_groups): the whole
+        groups as one grouped conv, the partial last one (its first ``r`` outputs reading its
+        first ``r`` inputs) as a plain conv."""
+        gs = getattr(self, "group_size", 0)
+        if not getattr(self, "grouped", False) or (weight.shape[0] % gs == 0 and
+                                                   weight.shape[1] == gs):
+            return super()._op(x, weight)
+        whole = weight.shape[0] // gs
+        r = weight.shape[0] - whole * gs
+        parts = []
+        if whole:
+            parts.append(F.conv2d(x[:, :whole * gs], weight[:whole * gs, :gs], None,
+                                  self.stride, self.padding, 1, whole))
+        parts.append(F.conv2d(x[:, whole * gs:whole * gs + r], weight[whole * gs:, :r], None,
+                              self.stride, self.padding))
+        return torch.cat(parts, 1)
 
 
 class NestLinear(_Segmented, BayesNestedLinear):

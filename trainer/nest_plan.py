@@ -114,13 +114,20 @@ class Plan:
             return f"full width: {why}"
         users = [x for x in self.blocks if self.unit_of(x) == r]
         how = "follows its input's unit" if b.kind == "depthwise" else (
-            "follows its input's unit by whole groups" if b.kind == "grouped" else
+            _grouped_how(b, units[r].groups, self.divides_of(r)) if b.kind == "grouped" else
             f"shared by {len(users)} summed layers" if r in self.added else
             f"shared by {len(users)} layers" if len(users) > 1 else "own unit")
         extra = ", squeeze-excitation gate (unmasked)" if b.gate else \
             ", masked after its depthwise" if not b.apply_mask else (
             ", rescale folded forward" if b.forward_fold else "")
         return f"unit u{sorted(units).index(r)}: {how}{extra}"
+
+
+def _grouped_how(b: Block, unit_groups: int, divides: list) -> str:
+    if not any(d % unit_groups for d in divides):
+        return "follows its input's unit by whole groups"
+    return (f"follows its input's unit, {unit_groups} groups inside its {b.module.groups} conv "
+            "groups (a width's last conv group partial; its input masked too)")
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:

@@ -139,12 +139,16 @@ def _pad_at_end(node: fx.Node, env: dict, plan: Plan) -> list:
 
 
 def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
-    """Every path from a masked non-homogeneous output (ReLU6, Hardswish, SiLU) must reach a conv / depthwise / linear layer through
-    ops that commute with a positive per-channel scale; the rescale folds into its inputs."""
+    """Every path from a masked non-homogeneous output (ReLU6, Hardswish, SiLU) must reach a
+    conv / depthwise / linear layer through ops that commute with a positive per-channel
+    scale; the rescale folds into its inputs. An add of a nested stream (``residual="stage"``:
+    MobileNetV3's Hardswish stem summed in its first block) is passed by folding every summand
+    forwards: ``s h + s p = s (h + p)``, so each masked layer of that stream leaves its scale to
+    the layers reading the sum (:class:`Sum`), and the path goes on from the add."""
     heads = {b.node: b for b in plan.blocks}
-    for b in plan.blocks:
-        if not b.forward_fold:
-            continue
+    queue = [b for b in plan.blocks if b.forward_fold]
+    while queue:
+        b = queue.pop()
         todo, seen = list(b.last.users), set()
         while todo:
             n = todo.pop()
@@ -159,7 +163,15 @@ def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
             if n.op == "output":
                 what = "the model's output"
             elif n.target in _ADD:
-                what = "an add (the summed branches would need the same scale folded backwards)"
+                r = plan.root(b.out_space)
+                if r not in plan.nested:
+                    what = "an add (the summed branches would need the same scale folded backwards)"
+                else:
+                    for x in plan.blocks:  # the other summands of this stream fold forwards too
+                        if plan.root(x.out_space) == r and x.apply_mask and not x.forward_fold \
+                                and x.kind != "norm" and not x.gate:
+                            x.forward_fold = True
+                            queue.append(x)
             elif n in relu6_nodes:
                 what = "a non-homogeneous activation (f(s z) != s f(z))"
             elif n.target in MUL and all(a in seen for a in n.args[:2]
@@ -170,3 +182,18 @@ def _check_forward_folds(plan: Plan, modules: dict, relu6_nodes: set) -> None:
                               f"{b.node.name!r} cannot pass {what}; use ReLU there, or "
                               f"residual='inner'")
             todo.extend(n.users)
+
+
+class Sum:
+    """The producer of an add's output, as a segment records it (trainer.nest_graph): its
+    keep-probability scale is folded forwards into its readers when its summands' are."""
+
+    activation = None
+    last = None
+
+    def __init__(self, operands: list) -> None:
+        self.operands = operands
+
+    @property
+    def forward_fold(self) -> bool:
+        return any(o is not None and o.forward_fold for o in self.operands)

@@ -35,6 +35,8 @@ conv bias before a BN moves into the BN's running mean). The rules:
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import fx, nn
@@ -42,29 +44,56 @@ from torch import fx, nn
 from edge_sdk.errors import ConfigError
 from trainer.nest_graph import Block, Plan, analyse, fail
 from trainer.nest_model import NestConv2d, NestedGraphModel, NestLinear
-from trainer.nest_ops import is_stochastic_depth
+from trainer.nest_ops import HOMOGENEOUS, is_stochastic_depth
 from trainer.ordering import DownhillOrdering
 
-__all__ = ["nest", "pick_groups"]
+__all__ = ["nest", "partial_groups", "pick_groups"]
 
 
 def pick_groups(channels: int, groups: int, where: str = "layer", divides=()) -> int:
     """The largest g <= ``groups`` with ``channels % (4 g) == 0`` (each group a multiple of 4)
     that divides every grouped conv's group count in ``divides`` (a width then keeps whole
-    conv groups: ResNeXt's 32, RegNet's channels / 16 or / 8)."""
+    conv groups: ResNeXt's 32, RegNet's channels / 16 or / 8). When ``groups`` is a multiple
+    of 4 and that g is not, or g is under 4, a finer count (see below) so that widths 1/4 and
+    1/2 cut as close to what they ask as the channels allow (issue 35, goal 3)."""
     if channels % 4:
         raise ConfigError(f"{where}: {channels} output channels cannot be nested: each ordering "
                           "group must hold a multiple of 4 channels")
     g = min(groups, channels // 4)
     while channels % (4 * g) or any(d % g for d in divides):
         g -= 1
+    if (groups % 4 == 0 and g % 4) or g < min(groups, 4):
+        # the cap is a multiple of 4 (widths 1/4 and 1/2 on group boundaries) but no group
+        # count under it is, with groups of 4k channels whole conv groups (144 channels: 6
+        # groups of 24; RegNet's 10, 13, 25, 26 or 55 conv groups), or too few groups to nest
+        # at all (104 channels: 2 groups of 52): take the group count that overshoots widths
+        # 1/4 and 1/2 least, finer than the cap (down to 4 channels a group) rather than
+        # coarse or none (144: 12 groups, 3/12 at width 0.25 where 6 groups keep 2/6; 25 conv
+        # groups: 7/25 = 0.28 where 5 keep 2/5; 104 channels: 26 groups, 7/26)
+        common = int(np.gcd.reduce(np.asarray(divides))) if divides else channels // 4
+        more = [d for d in range(max(g, 1), common + 1)
+                if common % d == 0 and channels % (4 * d) == 0]
+        g = min(more, key=lambda d: (_overshoot(d), d)) if more else g
     if divides and g < min(groups, 4):
-        # no divisor of the conv's groups under the cap (RegNet's 13 or 26 groups of 8):
-        # the smallest one from 4 up, more ordering groups than asked rather than none
-        common = int(np.gcd.reduce(np.asarray(divides)))
-        more = [d for d in range(4, common + 1) if common % d == 0 and channels % (4 * d) == 0]
-        g = more[0] if more else g
+        # whole conv groups are too coarse to nest (RegNet-X's first stage: 32 channels in 2
+        # conv groups of 16): the unit's own groups instead, the last kept conv group partial
+        # (exact: the conv's input is masked with the same unit, see partial_groups)
+        g = max(g, pick_groups(channels, groups, where))
     return g
+
+
+def partial_groups(unit_groups: int, divides) -> bool:
+    """Whether a unit of ``unit_groups`` cuts inside conv groups (one of ``divides`` is not a
+    multiple of it): then a width's last conv group is partial, and the grouped conv's input
+    must be masked too, so that the cut-off channels of that group read as zeros in training,
+    as the truncated conv (which drops them) computes."""
+    return any(d % unit_groups for d in divides)
+
+
+def _overshoot(g: int) -> float:
+    """Channels kept beyond widths 1/4 and 1/2 with ``g`` ordering groups (each width rounds
+    up to a group boundary)."""
+    return sum(math.ceil(w * g - 1e-9) / g - w for w in (0.25, 0.5))
 
 
 def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "inner",
@@ -91,6 +120,7 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
         module.train(was)
     plan = analyse(gm, residual, nest_stem)
     _drop_coarse_units(plan, groups, frozen)
+    _mask_before_partial_groups(plan, groups)
     units: dict[int, DownhillOrdering] = {}
     summary = []
     new_modules: dict[str, nn.Module] = {}
@@ -213,6 +243,28 @@ def _drop_coarse_units(plan: Plan, groups: int, frozen: int) -> None:
                 if plan.root(x.out_space) == r:
                     x.forward_fold = False
                     x.apply_mask = True
+
+
+def _mask_before_partial_groups(plan: Plan, groups: int) -> None:
+    """A grouped conv whose unit cuts inside its conv groups (``partial_groups``): the layer
+    feeding it masks its output too (not only after the grouped conv), so a partial conv
+    group reads zeros where the truncated conv has no inputs."""
+    for b in plan.blocks:
+        r = plan.unit_of(b)
+        if b.kind != "grouped" or r is None:
+            continue
+        g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}", plan.divides_of(r))
+        if not partial_groups(g, plan.divides_of(r)):
+            continue
+        for x in plan.blocks:
+            if x.kind in ("conv", "linear") and not x.apply_mask and not x.gate and \
+                    plan.unit_of(x) == r:
+                if x.activation is not None and not HOMOGENEOUS[x.activation]:
+                    raise fail(b.node, f"cuts inside its {b.module.groups} conv groups, so "
+                                       f"its input {x.node.name!r} must be masked too, and "
+                                       f"that layer's {x.activation} rescale cannot fold into "
+                                       "a grouped conv; use ReLU before a grouped conv")
+                x.apply_mask = True
 
 
 def _spatial(b: Block, segments: list) -> int:

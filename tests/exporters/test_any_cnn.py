@@ -58,6 +58,19 @@ def mnv3_blocks():
         nn.Dropout(0.2), nn.Linear(64, 10))
 
 
+def mnv3_large_start():
+    """MobileNetV3-Large's first blocks: the Hardswish stem summed with an expand-ratio-1
+    block (depthwise on the stem's output, projection, residual add), then a Hardswish SE
+    block."""
+    cfg = tv_mnv3.InvertedResidualConfig
+    norm = nn.BatchNorm2d
+    return nn.Sequential(
+        Conv2dNormActivation(3, 16, 3, 2, norm_layer=norm, activation_layer=nn.Hardswish),
+        tv_mnv3.InvertedResidual(cfg(16, 3, 16, 16, False, "RE", 1, 1, 1.0), norm),
+        tv_mnv3.InvertedResidual(cfg(16, 3, 64, 24, True, "HS", 2, 1, 1.0), norm),
+        tv_mnv3.InvertedResidual(cfg(24, 3, 72, 24, False, "RE", 1, 1, 1.0), norm), *_head(24))
+
+
 def effnet_blocks():
     """EfficientNet: SiLU everywhere, MBConv with sigmoid squeeze-excitation (4 and 6 squeeze
     channels: 6 is not a multiple of 4 and stays full width) and stochastic depth."""
@@ -78,6 +91,18 @@ def grouped_blocks():
     return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
                          tv.Bottleneck(16, 16, 2, down, groups=8, base_width=16),
                          tv.Bottleneck(64, 16, 1, None, groups=8, base_width=16), *_head(64))
+
+
+def regnet_blocks():
+    """RegNet's own blocks: 32 channels in 2 conv groups of 16 (too coarse for whole groups:
+    the unit's 8 groups cut inside a conv group, the last kept conv group partial), then
+    RegNet-Y's squeeze-excitation block with 4 conv groups of 8 (whole groups)."""
+    rg = torchvision.models.regnet
+    norm, act = nn.BatchNorm2d, nn.ReLU
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        rg.ResBottleneckBlock(16, 32, 2, norm, act, 16, 1.0, None),
+        rg.ResBottleneckBlock(32, 32, 1, norm, act, 8, 1.0, 0.25), *_head(32))
 
 
 def inception_like():
@@ -153,7 +178,8 @@ class DenseLike(nn.Module):
 
 CASES = {"resnet_stem": (resnet_stem, 17), "ceil_pools": (ceil_pools, 15),
          "mnv3": (mnv3_blocks, 16), "effnet": (effnet_blocks, 12),
-         "grouped": (grouped_blocks, 10), "inception": (inception_like, 11),
+         "grouped": (grouped_blocks, 10), "regnet": (regnet_blocks, 9),
+         "inception": (inception_like, 11),
          "unet": (UNetLike, 8), "densenet": (DenseLike, 8)}
 
 
@@ -203,3 +229,72 @@ def test_the_gate_follows_its_block_and_is_not_masked():
     assert "squeeze-excitation gate" in rows["2.block.2.fc2"]
     small = model.truncate(0.25)
     assert small.get_submodule("body.2.block.2.fc2").out_channels == dw.out_channels // 4
+
+
+def test_a_grouped_conv_too_coarse_for_whole_groups_is_cut_inside_a_group():
+    model = nest(regnet_blocks())
+    fa = model.get_submodule("body.3.f.a.0")
+    fb = model.get_submodule("body.3.f.b.0")
+    assert fb.ordering is fa.ordering and fa.ordering.groups == 8  # not 2 (its conv groups)
+    assert fa.apply_mask and fb.apply_mask  # the input masked too: the partial group is exact
+    rows = {r["layer"]: r["ordering"] for r in model.nest_summary}
+    assert "partial" in rows["3.f.b.0"]
+    small = model.truncate(0.25)
+    assert small.get_submodule("body.3.f.b.0").out_channels == 8  # half of one conv group
+    whole = model.get_submodule("body.4.f.b.0")  # 4 conv groups of 8: whole groups
+    assert "whole groups" in rows["4.f.b.0"] and whole.ordering.groups == 4
+
+
+def _masked_minus_truncated(model, width: float, x: torch.Tensor) -> float:
+    """The full-width network under a sampled mask that happens to keep ``width``'s groups
+    (scaled by the keep probabilities, as a fixed width is) against the truncated slice: what
+    training trains against what the slice runs."""
+    units = model.orderings()
+    for u in units:
+        u.forward_mask = lambda batch, u=u: (u.mask(width).to(x) *
+                                             u.rescale_probability().to(x)).unsqueeze(0)
+    try:
+        with torch.no_grad():
+            masked = model(x).numpy()
+    finally:
+        for u in units:
+            del u.forward_mask
+    with torch.no_grad():
+        return rel(model.truncate(width).eval()(x).numpy(), masked)
+
+
+def test_a_partial_conv_group_in_training_computes_what_its_truncation_runs():
+    # a sampled mask runs the full-width conv on masked inputs: the partial group's cut-off
+    # inputs must be zeros there (its input is masked too), or training would not train what
+    # the slice runs (measured without that mask: 6e-3)
+    torch.manual_seed(0)
+    source = regnet_blocks().double().eval()
+    randomise(source, 3)
+    model = nest(source).double().eval()
+    randomise(model, 4)
+    model.set_rescale(True)
+    x = torch.randn(3, 3, 9, 9, dtype=torch.float64)
+    for w in WIDTHS:
+        assert _masked_minus_truncated(model, w, x) <= 1e-12
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_stage_mode_folds_a_hardswish_stream_forwards_through_its_adds(width):
+    # MobileNetV3: the Hardswish stem is summed in the first block; with residual='stage' the
+    # stream is nested and every summand's rescale folds forwards past the add (s h + s p)
+    torch.manual_seed(0)
+    source = mnv3_large_start().double().eval()
+    randomise(source, 3)
+    model = nest(source, residual="stage", nest_stem=True).double().eval()
+    randomise(model, 4)
+    model.set_rescale(True)
+    stem = model.get_submodule("body.0.0")
+    proj = model.get_submodule("body.1.block.1.0")  # the first block's projection (summed)
+    assert stem.ordering is not None and stem.ordering is proj.ordering
+    assert stem.forward_fold and proj.forward_fold
+    x = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    assert _masked_minus_truncated(model, width, x) <= 1e-12
+    small = model.truncate(width).eval()
+    xn = np.random.default_rng(1).standard_normal((3, 16, 16, 3)).astype(np.float32)
+    buf, _ = export_point_slice(small, (1, 16, 16, 3), weights="float")
+    assert rel(run_tflite(buf, xn), run_torch(small, xn)) <= 1e-5

@@ -1,6 +1,8 @@
 """trainer.nest (issue 20, "Bring your own network"): a user's plain CNN becomes a nested Bayesian
 network under BN³'s rules; each rule is checked here, export equality in
 tests/exporters/test_nest_export.py."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -139,7 +141,7 @@ def test_inner_mode_keeps_the_residual_stream_full_width():
     assert nest(ResNet20Cifar(), nest_stem=True).body.conv1.ordering is None  # on the stream
 
 
-def test_groups_are_a_maximum_with_multiples_of_four_and_listed_in_the_summary(capsys):
+def test_groups_hold_multiples_of_four_and_are_listed_in_the_summary(capsys):
     model = nest(ResNet20Cifar(), verbose=True)
     printed = capsys.readouterr().out
     assert "layers.0.conv1" in printed and "groups" in printed
@@ -148,10 +150,24 @@ def test_groups_are_a_maximum_with_multiples_of_four_and_listed_in_the_summary(c
     assert groups["layers.0.conv2"] == 0  # full width (residual stream)
     mb = nest(torchvision.models.mobilenet_v2(num_classes=10))
     g = {r["layer"]: r["groups"] for r in mb.nest_summary}
-    assert g["features.3.conv.0.0"] == 6  # 144 channels: 8 groups would hold 18 (not 4k)
+    # 144 channels: 8 groups would hold 18 (not 4k), 6 would keep 2/6 at width 0.25: 12 groups
+    assert g["features.3.conv.0.0"] == 12
     for layer in mb.nested_layers():
         assert (layer.out_channels // layer.ordering.groups) % 4 == 0
-    assert [pick_groups(c, 8) for c in (16, 24, 144, 64, 12)] == [4, 6, 6, 8, 3]
+    # under the cap while one is a multiple of 4; else the count cutting 1/4 and 1/2 closest
+    assert [pick_groups(c, 8) for c in (16, 24, 144, 64, 12, 40, 104)] == [4, 6, 12, 8, 3, 10, 26]
+    assert pick_groups(24, 2) == 2 and pick_groups(144, 6) == 6  # a cap not a multiple of 4
+
+
+def test_a_grouped_conv_unit_keeps_whole_conv_groups_closest_to_the_width():
+    # RegNet-X's 400 channels in 25 conv groups of 16: one ordering group per conv group
+    # (width 0.25 keeps 7/25), not 5 (2/5); ResNeXt's 32 conv groups: 8 under the cap
+    assert pick_groups(400, 8, divides=[25]) == 25 and pick_groups(2048, 8, divides=[32]) == 8
+    assert pick_groups(64, 8, divides=[4]) == 4
+    for c, conv_groups in ((400, 25), (208, 26), (440, 55), (160, 10)):
+        g = pick_groups(c, 8, divides=[conv_groups])
+        assert conv_groups % g == 0 and (c // g) % 4 == 0
+        assert math.ceil(0.25 * g) / g < 0.32
     # 6 channels cannot form groups of 4: that layer stays full width (issue 35: efficientnet's
     # 6-channel squeeze), the model still nests
     six = {r["layer"]: r for r in nest(_Six()).nest_summary}
@@ -223,8 +239,10 @@ class _ReluSixAdd(nn.Module):
         self.fc = nn.Linear(16, 10)
 
     def forward(self, x):
+        # the add is passed (stage mode: every summand folds forwards, s y + s z = s (y + z)),
+        # the relu6 after it is not
         y = F.relu(self.a(x))
-        y = y + F.relu6(self.b(y))
+        y = F.relu6(y + F.relu6(self.b(y)))
         return self.fc(y.mean((2, 3)))
 
 
@@ -263,7 +281,8 @@ class _Unsupported(nn.Module):
     (lambda: ResNet20Cifar(shortcut="A"), {}, r"fx node 'pad' \(call_function pad\) in module "
                                               r"'layers.3': pads channels on both sides.*option A"),
     (_ReluSixAdd, {"residual": "stage", "nest_stem": True},
-     r"fx node 'add' .*rescale of the masked relu6 layer 'b' cannot pass an add"),
+     r"fx node 'relu6_1' .*rescale of the masked relu6 layer 'b' cannot pass a "
+     r"non-homogeneous activation"),
 ])
 def test_an_unsupported_op_or_unmet_rule_names_its_node(net, kw, match):
     with pytest.raises(ConfigError, match=match):
