@@ -27,13 +27,14 @@ int64 zero points, 16-byte aligned buffer data, a zero bias for convs that have 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import flatbuffers
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import Graph, check_weight, pair
+from edge_sdk.graph import Graph, Quantization, check_weight, pair
 
 __all__ = ["BUILTIN_CODES", "OPTIONS_TYPES", "TENSOR_TYPES", "write_tflite"]
 
@@ -65,32 +66,41 @@ class _T:
     name: str
     shape: tuple[int, ...]
     dtype: str
-    data: np.ndarray | None = None
-    quant: object = None
+    data: npt.NDArray[Any] | None = None
+    quant: Quantization | None = None
     signature: tuple[int, ...] | None = None
 
 
+# one scalar field of an options table: (kind, slot, value, schema default), kind naming the
+# flatbuffers Builder's Prepend<kind>Slot
+_Field = tuple[str, int, object, object]
+# an op as planned: (name, version, input indices, output indices, options)
+_PlannedOp = tuple[str, int, list[int], list[int], dict[str, Any]]
+
+
 # ---- options tables: fn(builder, options) -> offset, written before their Operator ---------
-def _table(b: flatbuffers.Builder, fields: list[tuple[str, int, object, object]]) -> int:
+def _table(b: flatbuffers.Builder, fields: list[_Field]) -> int:
     """One table of scalar fields ``(kind, slot, value, schema default)``; a value equal to its
     default is left out, as flatc's builders do (readers return the default)."""
     b.StartObject(max((f[1] for f in fields), default=-1) + 1)
     for kind, slot, value, default in fields:
         getattr(b, f"Prepend{kind}Slot")(slot, value, default)
-    return b.EndObject()
+    end: int = b.EndObject()
+    return end
 
 
-def _window(o: dict, depthwise: bool = False) -> list:
+def _window(o: dict[str, Any], depthwise: bool = False) -> list[_Field]:
     sh, sw = pair(o.get("stride", 1), "stride")
     act_slot = 4 if depthwise else 3
-    fields = [("Int8", 0, _PADDING[o.get("padding", "VALID")], 0), ("Int32", 1, sw, 0),
+    fields: list[_Field] = [("Int8", 0, _PADDING[o.get("padding", "VALID")], 0),
+                            ("Int32", 1, sw, 0),
               ("Int32", 2, sh, 0), ("Int8", act_slot, _ACTIVATION[o.get("activation")], 0)]
     if depthwise:
         fields.append(("Int32", 3, 1, 0))  # depth_multiplier: one output per input channel
     return fields
 
 
-def _pool(o: dict) -> list:
+def _pool(o: dict[str, Any]) -> list[_Field]:
     kh, kw = pair(o.get("size", 2), "size")
     sh, sw = pair(o.get("stride") or o.get("size", 2), "stride")
     return [("Int8", 0, _PADDING[o.get("padding", "VALID")], 0), ("Int32", 1, sw, 0),
@@ -98,19 +108,20 @@ def _pool(o: dict) -> list:
             ("Int8", 5, _ACTIVATION[o.get("activation")], 0)]
 
 
-def _act(o: dict, slot: int = 0) -> list:
+def _act(o: dict[str, Any], slot: int = 0) -> list[_Field]:
     return [("Int8", slot, _ACTIVATION[o.get("activation")], 0)]
 
 
-def _reshape(b: flatbuffers.Builder, o: dict) -> int:
+def _reshape(b: flatbuffers.Builder, o: dict[str, Any]) -> int:
     shape = b.CreateNumpyVector(np.asarray(o["shape"], np.int32))
     b.StartObject(1)
     b.PrependUOffsetTRelativeSlot(0, shape, 0)  # new_shape (the shape tensor is input 1 too)
-    return b.EndObject()
+    end: int = b.EndObject()
+    return end
 
 
-# op -> (options type name, fields or a custom table writer)
-_OPTIONS: dict[str, tuple[str, Callable]] = {
+# op -> (options type name, its fields from the op's options); RESHAPE: _reshape
+_OPTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[_Field]]]] = {
     "CONV_2D": ("Conv2DOptions", _window),
     "DEPTHWISE_CONV_2D": ("DepthwiseConv2DOptions", lambda o: _window(o, depthwise=True)),
     "FULLY_CONNECTED": ("FullyConnectedOptions", _act),
@@ -140,15 +151,19 @@ def _version(op: str, ins: list[_T | None]) -> int:
     filters, except (issue) DEQUANTIZE of int8 (2 per-tensor, 5 per-channel) and the hybrid
     route's int8 filters: CONV_2D 2 / 5, FULLY_CONNECTED 3 / 12 (tflite-runtime 2.14 computes
     per-channel hybrid FULLY_CONNECTED wrongly below version 12)."""
-    if op == "DEQUANTIZE" and ins[0].dtype == "int8":
-        return 5 if len(ins[0].quant.scale) > 1 else 2
-    if op in ("CONV_2D", "FULLY_CONNECTED") and ins[1].dtype == "int8":
-        per_channel = len(ins[1].quant.scale) > 1
+    x, w = (ins + [None, None])[:2]
+    # (Graph.validate: an int8 input of these ops is a quantized constant)
+    if op == "DEQUANTIZE" and x is not None and x.dtype == "int8" and x.quant is not None:
+        return 5 if len(x.quant.scale) > 1 else 2
+    if op in ("CONV_2D", "FULLY_CONNECTED") and w is not None and w.dtype == "int8" \
+            and w.quant is not None:
+        per_channel = len(w.quant.scale) > 1
         return (5 if per_channel else 2) if op == "CONV_2D" else (12 if per_channel else 3)
     return 1
 
 
-def _plan(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[list[_T], list[tuple]]:
+def _plan(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]
+          ) -> tuple[list[_T], list[_PlannedOp]]:
     """Tensors in write order and ops as ``(name, version, inputs, outputs, options)`` with
     tensor indices; adds the int32 operand constants and the convs' zero biases."""
     tensors: list[_T] = []
@@ -170,7 +185,7 @@ def _plan(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[list[_T], li
         if graph.batch_dim == 0 and t.name in io:
             sig = (-1, *t.shape[1:])  # the interpreter may resize the batch (manifest batch_dim)
         add(_T(t.name, tuple(t.shape), t.dtype, data, t.quant, sig))
-    ops = []
+    ops: list[_PlannedOp] = []
     for o in graph.ops:
         ins = [-1 if n is None else index[n] for n in o.inputs]
         out = o.outputs[0]
@@ -208,7 +223,7 @@ def _plan(graph: Graph, weights: Mapping[str, np.ndarray]) -> tuple[list[_T], li
     return tensors, ops
 
 
-def write_tflite(graph: Graph, weights: Mapping[str, np.ndarray]) -> bytes:
+def write_tflite(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]) -> bytes:
     """The ``.tflite`` flatbuffer of ``graph`` with its constants taken from ``weights``.
 
     One subgraph ``main``, whose inputs and outputs also form the signature ``graph.signature``
@@ -265,21 +280,21 @@ def write_tflite(graph: Graph, weights: Mapping[str, np.ndarray]) -> bytes:
     for op, version, ins, outs, options in ops:
         code = BUILTIN_CODES[op]
         opcode = codes.setdefault((code, version), len(codes))
-        kind, fields = _OPTIONS.get(op, (None, None))
-        opts = None
+        table: tuple[str, int] | None = None  # (options type name, its offset)
         if op == "RESHAPE":
-            kind, opts = "ReshapeOptions", _reshape(b, options)
-        elif kind is not None:
-            opts = _table(b, fields(options))
+            table = "ReshapeOptions", _reshape(b, options)
+        elif op in _OPTIONS:
+            kind, fields = _OPTIONS[op]
+            table = kind, _table(b, fields(options))
         vin = b.CreateNumpyVector(np.asarray(ins, np.int32))
         vout = b.CreateNumpyVector(np.asarray(outs, np.int32))
         b.StartObject(5)
         b.PrependUint32Slot(0, opcode, 0)
         b.PrependUOffsetTRelativeSlot(1, vin, 0)
         b.PrependUOffsetTRelativeSlot(2, vout, 0)
-        if opts is not None:
-            b.PrependUint8Slot(3, OPTIONS_TYPES[kind], 0)
-            b.PrependUOffsetTRelativeSlot(4, opts, 0)
+        if table is not None:
+            b.PrependUint8Slot(3, OPTIONS_TYPES[table[0]], 0)
+            b.PrependUOffsetTRelativeSlot(4, table[1], 0)
         op_offsets.append(b.EndObject())
 
     opcode_offsets = []
@@ -333,5 +348,6 @@ def _offsets(b: flatbuffers.Builder, offsets: list[int]) -> int:
     b.StartVector(4, len(offsets), 4)
     for off in reversed(offsets):
         b.PrependUOffsetTRelative(off)
-    return b.EndVector()
+    end: int = b.EndVector()
+    return end
 
