@@ -4,7 +4,7 @@ The worked example of docs/manifest.md, for apps that read the bundle themselves
 language: every step is a few lines of array code). It reproduces
 ``edge_sdk.load(bundle).predict(x, config_id=...)`` — label, probabilities, confidence,
 entropy, mutual information, the out-of-distribution score, the conformal prediction set
-(alpha 0.1, LAC) and abstain — and, with no configuration named, the configuration
+(alpha 0.1, LAC), input_suspect and abstain — and, with no configuration named, the configuration
 ``predict`` picks without a budget (the lowest validation NLL; ties: larger width, then fewer
 invokes). tests/edge_sdk/test_predict_with_litert.py checks it against the runtime.
 
@@ -40,9 +40,10 @@ def read_manifest(bundle: Path) -> dict:
     # weight store its slices are materialised from (edge_sdk's job: `edge-sdk materialize
     # BUNDLE --out DIR` writes its files bundle); version 4 changes only the store layout's
     # manifest (keys the reader derives may be left out), so its `files` bundle reads as 3;
-    # version 5 adds `uncertainty` (uncertainty.bin, read by read_uncertainty below)
-    if manifest["schema_version"] not in (1, 2, 3, 4, 5):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-5")
+    # version 5 adds `uncertainty` (uncertainty.bin, read by read_uncertainty below);
+    # version 6 adds `input_stats` (the training split's raw statistics, input_suspect below)
+    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-6")
     if manifest.get("layout", "files") != "files":
         raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
                          f"write them with `edge-sdk materialize {bundle} --out DIR`")
@@ -132,10 +133,27 @@ def logits(bundle: Path, config: dict, x: np.ndarray, classes: int
     return np.concatenate(rows, 0), features
 
 
+def input_suspect(manifest: dict, raw: np.ndarray) -> bool | None:
+    """Whether the raw sample's per-channel mean or maximum lies outside the band the
+    training samples span, widened by ``margin`` (None: the manifest has no input_stats)."""
+    st = manifest.get("input_stats")
+    if st is None:
+        return None
+    v = np.asarray(raw, np.float64).reshape(-1, st["channels"])
+    m = st["margin"]
+    for stat, bands in ((v.mean(0), st["sample_mean"]), (v.max(0), st["sample_max"])):
+        for value, (lo, hi) in zip(stat.tolist(), bands):
+            if not lo - m <= value <= hi + m:
+                return True
+    return False
+
+
 def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95",
-           unc: tuple[dict, dict] | None = None, features: np.ndarray | None = None) -> dict:
+           unc: tuple[dict, dict] | None = None, features: np.ndarray | None = None,
+           suspect: bool | None = None) -> dict:
     """Temperature, sample averaging, uncertainty, the OOD score and the conformal set, and
-    the abstain rule (below the confidence threshold, or out of distribution)."""
+    the abstain rule (below the confidence threshold, out of distribution, or a suspect
+    input)."""
     z = z.astype(np.float64) / config["temperature"]  # the same T divides every sample
     z -= z.max(-1, keepdims=True)
     p_s = np.exp(z) / np.exp(z).sum(-1, keepdims=True)  # softmax per posterior sample
@@ -164,10 +182,11 @@ def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95",
         "probs": [float(v) for v in p], "confidence": confidence,
         "entropy": predictive,
         "mutual_info": max(predictive - expected, 0.0) if len(p_s) > 1 else 0.0,
-        "abstain": threshold is None or confidence < threshold or inside is False,
+        "abstain": threshold is None or confidence < threshold or inside is False
+        or suspect is True,
         "ood_score": score, "in_distribution": inside, "prediction_set": pset,
         "config_id": config["id"], "width": config["width"], "scope": config["scope"],
-        "samples": config["samples"],
+        "samples": config["samples"], "input_suspect": suspect,
     }
 
 
@@ -177,7 +196,8 @@ def predict(bundle: str | Path, x: np.ndarray, config_id: str | None = None,
     manifest = read_manifest(bundle)
     config = choose(manifest, config_id)
     z, features = logits(bundle, config, normalise(manifest, x), len(manifest["labels"]))
-    return answer(manifest, config, z, target, read_uncertainty(bundle, manifest), features)
+    return answer(manifest, config, z, target, read_uncertainty(bundle, manifest), features,
+                  input_suspect(manifest, x))
 
 
 def main(argv: list[str]) -> int:

@@ -45,7 +45,7 @@ _CHECKOUT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = _CHECKOUT / "docs" / "manifest.schema.json" \
     if (_CHECKOUT / "pyproject.toml").is_file() else Path("manifest.schema.json")
 RECORDS: tuple[type, ...] = (B.Manifest, B.InputSpec, B.OutputSpec, B.FileEntry,
-                             B.Configuration, B.StoreEntry, B.Recipe, B.Slice)
+                             B.Configuration, B.StoreEntry, B.Recipe, B.Slice, B.InputStats)
 
 _PROBABILITY = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
 
@@ -56,7 +56,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.schema_version": {
         "const": B.SCHEMA_VERSION, "required": True,
         "description": "The format version; a reader refuses any it does not know (read it "
-                       "first). edge_sdk also reads versions 4 (no uncertainty), 3, 2 (without layout, store, graphs "
+                       "first). edge_sdk also reads versions 5 (no input_stats), 4 (no uncertainty), 3, 2 (without layout, store, graphs "
                        "and materialize: layout files) and 1 (version 2 without batch_dim)."},
     "Manifest.layout": {
         "enum": list(B.BUNDLE_LAYOUTS),
@@ -72,6 +72,20 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                        "(edge_sdk.uncertainty), in the store's container format; verify its "
                        "size and sha256 before decoding it. Absent: answers carry no OOD "
                        "score and no prediction set."},
+    "Manifest.input_stats": {
+        "description": "Schema version 6 (issue 34), optional: the training split's per-channel "
+                       "statistics of the raw input (edge_sdk.input_stats): a sample whose "
+                       "channel mean or maximum lies outside the training samples' band "
+                       "widened by margin is input_suspect. Absent: input_suspect is null."},
+    "InputStats.sample_mean": {
+        "description": "Per channel [lo, hi]: the 0.1st and 99.9th percentile over training "
+                       "samples of the sample's mean of that channel (raw units)."},
+    "InputStats.sample_max": {
+        "description": "Per channel [lo, hi]: the same for the sample's maximum."},
+    "InputStats.margin": {
+        "minimum": 0,
+        "description": "Raw units each band is widened by on both sides (the exporter: 10 % "
+                       "of the value range)."},
     "Manifest.slices": {
         "propertyNames": {"pattern": r"^[^./\\:][^/\\:]*\.tflite$"},
         "description": "Layout store: every virtual file once, by its .tflite name: sha256 and "

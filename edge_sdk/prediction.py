@@ -6,6 +6,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Callable, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -62,6 +63,12 @@ class Prediction:
     # split-conformal set at the model's alpha: class indices that hold the true class with
     # probability >= 1 - alpha (marginally, over calls), calibrated on validation
     prediction_set: tuple[int, ...] | None = None
+    # (issue 34) the sample's raw statistics (per channel: mean and maximum) fall outside
+    # what the training split's samples span, widened by the manifest's stated margin: e.g.
+    # an image scaled to [0, 1] for a bundle trained on [0, 16]. True also makes ``abstain``
+    # true (with abstain_on_ood). None: the bundle carries no input statistics (schema < 6)
+    # or load(input_check=False)
+    input_suspect: bool | None = None
 
     def to_dict(self) -> dict:
         """Every field as plain Python values (JSON-ready: ``probs`` a list of floats)."""
@@ -86,10 +93,12 @@ class Prediction:
 _FIELDS = tuple(f.name for f in fields(Prediction))
 
 
-def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], float, float]:
-    """(calibrated mean probabilities, predictive entropy, mutual information) from ``[S, C]``
-    logits, at the configuration's temperature. The maths of edge_sdk.metrics (predictive
-    entropy H[mean_s p_s], MI = H[mean p] - mean_s H[p_s] clamped at 0)."""
+def probabilities(c: Configuration, logits: np.ndarray
+                  ) -> tuple[list[float], float, float, int, float]:
+    """(calibrated mean probabilities, predictive entropy, mutual information, label,
+    confidence) from ``[S, C]`` logits, at the configuration's temperature. The maths of
+    edge_sdk.metrics (predictive entropy H[mean_s p_s], MI = H[mean p] - mean_s H[p_s]
+    clamped at 0); the label is the first maximum of the probabilities."""
     inv_t = 1.0 / c.temperature
     if logits.shape[0] == 1:
         # one sample (point): plain floats, several times cheaper than numpy on ten classes;
@@ -104,7 +113,10 @@ def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], fl
             else math.nan
         if not (math.isfinite(entropy) and math.isfinite(s)):  # NaN or inf in: never NaN out
             _non_finite(c, logits)
-        return probs, max(entropy, 0.0), 0.0
+        # the maximum's exp is exactly 1: its probability is 1 / s, and the first maximum of
+        # the logits is the first maximum of the probabilities (exp is monotone)
+        label = row.index(m)
+        return probs, max(entropy, 0.0), 0.0, label, probs[label]
     # several rows (head, all): numpy, with as few calls as the maths allows (issue 34: a
     # reduction costs ~1 us on [8, 10] and keepdims twice that): one shift by the global
     # maximum (a row far below it underflows: then the per-row shift of _rows_exact)
@@ -117,12 +129,15 @@ def probabilities(c: Configuration, logits: np.ndarray) -> tuple[list[float], fl
     e /= s[:, None]  # p_s, [S, C]
     expected = (sum(np.log(s).tolist()) - float(np.vdot(e, z))) / rows
     if not math.isfinite(expected):
-        return _rows_exact(c, logits)
-    probs = (_ADDR(e, 0) * (1.0 / rows)).tolist()
-    entropy = -sum([v * math.log(v) for v in probs if v > 0.0])
-    if not math.isfinite(sum(probs)):
-        _non_finite(c, logits)
-    return probs, max(entropy, 0.0), max(entropy - expected, 0.0)
+        probs, entropy, mi = _rows_exact(c, logits)
+    else:
+        probs = (_ADDR(e, 0) * (1.0 / rows)).tolist()
+        entropy = -sum([v * math.log(v) for v in probs if v > 0.0])
+        if not math.isfinite(sum(probs)):
+            _non_finite(c, logits)
+        entropy, mi = max(entropy, 0.0), max(entropy - expected, 0.0)
+    top = max(probs)
+    return probs, entropy, mi, probs.index(top), top
 
 
 def _rows_exact(c: Configuration, logits: np.ndarray) -> tuple[list[float], float, float]:
@@ -144,7 +159,7 @@ def _rows_exact(c: Configuration, logits: np.ndarray) -> tuple[list[float], floa
 _MAXR, _ADDR = np.maximum.reduce, np.add.reduce
 
 
-def _non_finite(c: Configuration, logits: np.ndarray):
+def _non_finite(c: Configuration, logits: np.ndarray) -> NoReturn:
     """(issue 36) NaN or inf logits (weights a check could not rule out, e.g. finite ones that
     overflow float32 together) are refused, never answered as NaN probabilities, label 0."""
     bad = int((~np.isfinite(np.asarray(logits, np.float64))).sum())
@@ -155,7 +170,7 @@ def _non_finite(c: Configuration, logits: np.ndarray):
 
 @dataclass
 class Draft:
-    """An answer before the call's end-to-end time is known."""
+    """An answer before the call's end-to-end time is known (a cascade's stages)."""
 
     config: Configuration
     probs: list[float] | np.ndarray  # a list (one sample) or a read-only row (a batch)
@@ -166,119 +181,254 @@ class Draft:
     ood_score: float | None = None
     in_distribution: bool | None = None
     prediction_set: tuple[int, ...] | None = None
+    input_suspect: bool | None = None
 
 
 def draft(c: Configuration, logits: np.ndarray) -> Draft:
-    probs, entropy, mi = probabilities(c, logits)
-    top = max(probs)
-    return Draft(c, probs, entropy, mi, probs.index(top), top)  # the first maximum
+    return Draft(c, *probabilities(c, logits))
+
+
+class BatchProbs(NamedTuple):
+    """:func:`batch_probabilities` of ``n`` samples: read-only ``probs [n, C]`` float64, the
+    first maximum's ``labels [n]`` and ``confidence [n]``; ``entropy`` and ``mutual_info``
+    ``[n]`` are computed when first read (:meth:`BatchPrediction.entropy`)."""
+
+    probs: np.ndarray
+    labels: np.ndarray
+    confidence: np.ndarray
+    p_s: np.ndarray | None  # [n, S, C] per-sample-row probabilities (S > 1), for the MI
+    z: np.ndarray | None  # their shifted, tempered logits [n, S, C] (S > 1)
+    s: np.ndarray | None  # their softmax denominators [n, S] (S > 1)
+
+
+def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
+    """The calibrated probabilities of ``[n, S, C]`` logits in one numpy pass (predict_batch:
+    issue 34 asks for <= 1.1x the raw batched invoke, so per-sample Python is out)."""
+    n, rows, classes = logits.shape
+    if rows == 1:
+        # (issue 34) a reduction along a short last axis costs 2-4 us on [64, 10] here, so the
+        # row maximum comes from the argmax (needed anyway) and the row sum from a product
+        # with ones; the maximum's exp is exactly 1, so its probability is 1 / sum
+        x = logits.reshape(n, classes)
+        labels = x.argmax(1)  # the first maximum, as probabilities(); a NaN row's NaN
+        z = x.astype(np.float64)
+        top = z[np.arange(n), labels]
+        # a NaN or +-inf row maximum (a NaN or +inf logit) makes the float64 sum of the maxima
+        # non-finite (float32 values cannot overflow it): one cheap check, before the shift
+        # would compute inf - inf; a finite maximum leaves z <= 0 finite or -inf, so the sums
+        # below lie in [1, C]
+        if not math.isfinite(float(_ADDR(top))):
+            _non_finite(c, logits)
+        z -= top[:, None]
+        z *= 1.0 / c.temperature
+        p = np.exp(z)
+        s = np.dot(p, np.ones(classes))
+        conf = 1.0 / s
+        p *= conf[:, None]
+        for a in (p, labels, conf):
+            a.setflags(write=False)
+        return BatchProbs(p, labels, conf, None, None, None)
+    z = logits.astype(np.float64)
+    z *= 1.0 / c.temperature
+    z -= z.max(-1, keepdims=True)
+    e = np.exp(z)
+    s_rows = e.sum(-1)
+    p_s = e / s_rows[..., None]  # [n, S, C]
+    p = p_s.mean(1)
+    if not np.isfinite(p).all():  # NaN rows: a NaN logit; an inf one makes NaN too
+        _non_finite(c, logits)
+    labels = p.argmax(1)  # the first maximum, as probabilities()
+    conf = p[np.arange(n), labels]
+    for a in (p, labels, conf):
+        a.setflags(write=False)
+    return BatchProbs(p, labels, conf, p_s, z, s_rows)
+
+
+def batch_entropy(bp: BatchProbs) -> tuple[np.ndarray, np.ndarray]:
+    """(predictive entropy [n], mutual information [n]) of :func:`batch_probabilities`."""
+    p = bp.probs
+    entropy = np.maximum(-(p * np.log(np.where(p > 0, p, 1.0))).sum(-1), 0.0)
+    if bp.p_s is None:
+        mi = np.zeros(len(p))
+    else:
+        expected = (np.log(bp.s) - (bp.p_s * bp.z).sum(-1)).mean(-1)
+        mi = np.maximum(entropy - expected, 0.0)
+    return entropy, mi
 
 
 def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft]:
-    """:func:`draft` of every sample of ``[n, S, C]`` logits in one numpy pass (predict_batch:
-    per-sample Python would cost more than the batched invoke saves)."""
-    z = logits.astype(np.float64) * (1.0 / c.temperature)
-    z -= z.max(-1, keepdims=True)
-    e = np.exp(z)
-    s = e.sum(-1, keepdims=True)
-    p_s = e / s  # [n, S, C]
-    p = p_s.mean(1)  # [n, C]
-    entropy = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)
-    if logits.shape[1] == 1:
-        mi = np.zeros(len(p))
-        entropy = np.maximum(entropy, 0.0)
-    else:
-        expected = (np.log(s[..., 0]) - (p_s * z).sum(-1)).mean(-1)
-        mi = np.maximum(entropy - expected, 0.0)
-    if not (np.isfinite(entropy).all() and np.isfinite(p).all() and np.isfinite(mi).all()):
-        _non_finite(c, logits)
-    labels = p.argmax(-1)  # the first maximum, as draft()
-    _readonly(p)  # each prediction's probs: a read-only row of it
-    conf = p[np.arange(len(p)), labels].tolist()
+    """:func:`draft` of every sample of ``[n, S, C]`` logits (a cascade's stages)."""
+    bp = batch_probabilities(c, logits)
+    entropy, mi = batch_entropy(bp)
     return [Draft(c, row, h, m, lab, cf) for row, h, m, lab, cf in
-            zip(p, entropy.tolist(), mi.tolist(), labels.tolist(), conf)]
+            zip(bp.probs, entropy.tolist(), mi.tolist(), bp.labels.tolist(),
+                bp.confidence.tolist())]
 
 
-def finish(d: Draft, labels: tuple[str, ...] | list[str], target: str, latency_ms: float,
-           invoke_ms: float, met: bool, batch_size: int = 1, abstain_on_ood: bool = True
-           ) -> Prediction:
+def abstains(c: Configuration, target: str, confidence: float, in_distribution: bool | None,
+             input_suspect: bool | None, abstain_on_ood: bool) -> bool:
     """The default abstention rule: abstain when the confidence is below the threshold
-    exported for the target accuracy, or (``abstain_on_ood``) the input is out of
-    distribution."""
-    c = d.config
+    exported for the target accuracy, or (``abstain_on_ood``) the input is unlike the training
+    data: out of distribution by the OOD score, or its raw statistics are suspect (issue 34;
+    so the two never contradict each other: either one makes the call abstain)."""
     threshold = c.thresholds[target]
-    abstain = threshold is None or d.confidence < threshold or \
-        (abstain_on_ood and d.in_distribution is False)
-    probs = d.probs
+    return threshold is None or confidence < threshold or (abstain_on_ood and (
+        in_distribution is False or input_suspect is True))
+
+
+def answer(c: Configuration, labels: Sequence[str], probs: list[float] | np.ndarray,
+           entropy: float, mutual_info: float, label: int, confidence: float, abstain: bool,
+           latency_ms: float, invoke_ms: float, met: bool, batch_size: int = 1,
+           ood_score: float | None = None, in_distribution: bool | None = None,
+           prediction_set: tuple[int, ...] | None = None, input_suspect: bool | None = None
+           ) -> Prediction:
+    """A :class:`Prediction` from its fields (``probs``: a list, made a read-only array here,
+    or a read-only row already)."""
     if probs.__class__ is list:
-        probs = np.array(probs)
+        probs = np.array(probs, np.float64)
         probs.setflags(write=False)
-    # (issue 34) built without the frozen dataclass' __init__ (19 object.__setattr__ calls,
+    # (issue 34) built without the frozen dataclass' __init__ (20 object.__setattr__ calls,
     # 2-3 us a call): the same fields, in the same order
     p = _new(Prediction)
     p.__dict__.update(
-        label=d.label, class_name=labels[d.label], probs=probs,
-        confidence=d.confidence, entropy=d.entropy, mutual_info=d.mutual_info,
+        label=label, class_name=labels[label], probs=probs,
+        confidence=confidence, entropy=entropy, mutual_info=mutual_info,
         abstain=abstain, width=c.width, scope=c.scope,
         samples=c.samples, config_id=c.id, latency_ms=latency_ms, budget_met=met,
-        invoke_ms=invoke_ms, batch_size=batch_size, ood_score=d.ood_score,
-        in_distribution=d.in_distribution, prediction_set=d.prediction_set)
+        invoke_ms=invoke_ms, batch_size=batch_size, ood_score=ood_score,
+        in_distribution=in_distribution, prediction_set=prediction_set,
+        input_suspect=input_suspect)
     return p
 
 
+def finish(d: Draft, labels: Sequence[str], target: str, latency_ms: float,
+           invoke_ms: float, met: bool, batch_size: int = 1, abstain_on_ood: bool = True
+           ) -> Prediction:
+    """The :class:`Prediction` of a draft, with the default abstention rule
+    (:func:`abstains`)."""
+    c = d.config
+    return answer(c, labels, d.probs, d.entropy, d.mutual_info, d.label, d.confidence,
+                  abstains(c, target, d.confidence, d.in_distribution, d.input_suspect,
+                           abstain_on_ood),
+                  latency_ms, invoke_ms, met, batch_size, d.ood_score, d.in_distribution,
+                  d.prediction_set, d.input_suspect)
+
+
 class BatchPrediction(Sequence):
-    """What ``predict_batch`` answers: a sequence of :class:`Prediction` (indexing, iterating
-    and ``len`` work as on the list it used to be) plus the batch as read-only numpy arrays,
-    as LiteRT and torch-uncertainty hand them back: ``labels [N]``, ``confidence [N]``,
-    ``probs [N, C]``, ``abstain [N]``, and (issue 33, None without uncertainty statistics)
-    ``ood_score [N]``, ``in_distribution [N]`` and ``prediction_sets [N, C]`` (boolean mask)."""
+    """What ``predict_batch`` answers: the batch as read-only numpy arrays, as LiteRT and
+    torch-uncertainty hand them back — ``labels [N]``, ``confidence [N]``, ``probs [N, C]``,
+    ``abstain [N]``, ``entropy [N]``, ``mutual_info [N]``, and (None without the statistics
+    they need) ``ood_score [N]``, ``in_distribution [N]``, ``prediction_sets [N, C]``
+    (boolean mask) and ``input_suspect [N]`` — and a sequence of :class:`Prediction`
+    (indexing, iterating and ``len`` work as on the list it used to be). The per-sample
+    :class:`Prediction` objects are made on first use (issue 34: making 64 of them cost more
+    than a small batched invoke)."""
 
     def __init__(self, preds: list[Prediction], classes: int):
-        self._preds = list(preds)
-        n = len(self._preds)
-
-        def ro(a: np.ndarray) -> np.ndarray:
-            a.setflags(write=False)
-            return a
-
-        self.labels = ro(np.fromiter((p.label for p in self._preds), np.int64, n))
-        self.confidence = ro(np.fromiter((p.confidence for p in self._preds), np.float64, n))
-        self.probs = ro(np.asarray([p.probs for p in self._preds], np.float64)
-                        .reshape(n, classes))  # one copy: a cascade mixes stages' rows
-        self.abstain = ro(np.fromiter((p.abstain for p in self._preds), bool, n))
-        scored = n > 0 and all(p.ood_score is not None for p in self._preds)
-        self.ood_score = ro(np.fromiter((p.ood_score for p in self._preds), np.float64, n)) \
+        """From per-sample predictions (a cascade's batch, whose samples differ in who
+        answered)."""
+        self._preds: list[Prediction] | None = list(preds)
+        self._make: Callable[[int], Prediction] | None = None
+        ps = self._preds
+        n = self._n = len(ps)
+        self.labels = _readonly(np.fromiter((p.label for p in ps), np.int64, n))
+        self.confidence = _readonly(np.fromiter((p.confidence for p in ps), np.float64, n))
+        self.probs = _readonly(np.asarray([p.probs for p in ps], np.float64)
+                         .reshape(n, classes))  # one copy: a cascade mixes stages' rows
+        self.abstain = _readonly(np.fromiter((p.abstain for p in ps), bool, n))
+        self._entropy = _readonly(np.fromiter((p.entropy for p in ps), np.float64, n))
+        self._mi = _readonly(np.fromiter((p.mutual_info for p in ps), np.float64, n))
+        self._bp: BatchProbs | None = None
+        scored = n > 0 and all(p.ood_score is not None for p in ps)
+        self.ood_score = _readonly(np.fromiter((p.ood_score for p in ps), np.float64, n)) \
             if scored else None
-        self.in_distribution = ro(np.fromiter((p.in_distribution for p in self._preds), bool,
-                                              n)) if scored else None
+        self.in_distribution = _readonly(np.fromiter((p.in_distribution for p in ps), bool, n)) \
+            if scored else None
         self.prediction_sets = None
-        if n and all(p.prediction_set is not None for p in self._preds):
+        if n and all(p.prediction_set is not None for p in ps):
             mask = np.zeros((n, classes), bool)
-            for i, p in enumerate(self._preds):
+            for i, p in enumerate(ps):
                 mask[i, list(p.prediction_set)] = True
-            self.prediction_sets = ro(mask)
+            self.prediction_sets = _readonly(mask)
+        self.input_suspect = _readonly(np.fromiter((p.input_suspect for p in ps), bool, n)) \
+            if n and all(p.input_suspect is not None for p in ps) else None
+
+    @classmethod
+    def of_one(cls, c: Configuration, labels: Sequence[str], bp: BatchProbs,
+               abstain: np.ndarray, latency_ms: float, invoke_ms: float, met: bool,
+               ood_score: np.ndarray | None = None, in_distribution: np.ndarray | None = None,
+               prediction_sets: np.ndarray | None = None,
+               input_suspect: np.ndarray | None = None) -> BatchPrediction:
+        """A batch one configuration answered, from its arrays (no per-sample work)."""
+        self = cls.__new__(cls)
+        self._preds, self._bp = None, bp
+        self._n = n = len(bp.labels)
+        self.labels, self.confidence, self.probs = bp.labels, bp.confidence, bp.probs
+        self.abstain = _readonly(abstain)
+        self._entropy = self._mi = None
+        self.ood_score = None if ood_score is None else _readonly(ood_score)
+        self.in_distribution = None if in_distribution is None else _readonly(in_distribution)
+        self.prediction_sets = None if prediction_sets is None else _readonly(prediction_sets)
+        self.input_suspect = None if input_suspect is None else _readonly(input_suspect)
+
+        def make(i: int) -> Prediction:
+            lab = int(self.labels[i])
+            return answer(
+                c, labels, self.probs[i], float(self.entropy[i]), float(self.mutual_info[i]),
+                lab, float(self.confidence[i]), bool(self.abstain[i]), latency_ms, invoke_ms,
+                met, n, None if self.ood_score is None else float(self.ood_score[i]),
+                None if self.in_distribution is None else bool(self.in_distribution[i]),
+                None if self.prediction_sets is None else
+                tuple(np.flatnonzero(self.prediction_sets[i]).tolist()),
+                None if self.input_suspect is None else bool(self.input_suspect[i]))
+
+        self._make = make
+        return self
+
+    @property
+    def entropy(self) -> np.ndarray:
+        """Predictive entropy ``[N]`` (nats), computed on first read."""
+        if self._entropy is None:
+            self._entropy, self._mi = map(_readonly, batch_entropy(self._bp))
+        return self._entropy
+
+    @property
+    def mutual_info(self) -> np.ndarray:
+        """Mutual information ``[N]`` (0 for point configurations), computed on first read."""
+        if self._mi is None:
+            self.entropy
+        return self._mi
+
+    def _list(self) -> list[Prediction]:
+        if self._preds is None:
+            self._preds = [self._make(i) for i in range(self._n)]
+        return self._preds
 
     def __getitem__(self, i):
-        return self._preds[i]
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
 
     def __len__(self) -> int:
-        return len(self._preds)
+        return self._n
 
     def __eq__(self, other: object) -> bool:
         """Equal to a BatchPrediction or a list with the same predictions in order."""
         if isinstance(other, BatchPrediction):
-            return self._preds == other._preds
+            return self._list() == other._list()
         if isinstance(other, list):
-            return self._preds == other
+            return self._list() == other
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking container, like a list
 
     def __add__(self, other):  # list + batch and batch + list, as with the list it was
-        return self._preds + list(other)
+        return self._list() + list(other)
 
     def __radd__(self, other):
-        return list(other) + self._preds
+        return list(other) + self._list()
 
     def __repr__(self) -> str:
-        return f"BatchPrediction(n={len(self._preds)}, labels={self.labels.tolist()!r})"
+        return f"BatchPrediction(n={self._n}, labels={self.labels.tolist()!r})"
+

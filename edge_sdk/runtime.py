@@ -10,8 +10,6 @@ input, executes the plan's stages on per-thread interpreters and measures what t
 """
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import statistics
 import threading
@@ -29,13 +27,14 @@ from edge_sdk.validation import show
 from edge_sdk.bundle.materialized import SliceSource, open_slices
 from edge_sdk.errors import BudgetError, ConfigError, ProfileError
 from edge_sdk.explain import ExplainRow, Explanation
+from edge_sdk.input_stats import SuspectCheck
 from edge_sdk.inputs import InputChecker
 from edge_sdk.policy import MODES, Budget, MemoryProbe, Policy, Stage, check_budget
 from edge_sdk.bundle import width_key
 from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError
-from edge_sdk.prediction import BatchPrediction, Prediction, draft, finish
+from edge_sdk.prediction import BatchPrediction, Prediction, answer, draft, finish, probabilities
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
@@ -80,9 +79,11 @@ class EdgeModel(Executor):
                  backend: str | None = None, hysteresis: float = 0.1,
                  half_life_s: float = 10.0, half_life_calls: int = 200,
                  trusted_keys=None, uncertainty: bool = True, alpha: float = 0.1,
-                 conformal: str = "lac", abstain_on_ood: bool = True):
+                 conformal: str = "lac", abstain_on_ood: bool = True,
+                 input_check: bool = True):
         _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
-        for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood)):
+        for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
+                        ("input_check", input_check)):
             if not isinstance(v, bool):
                 raise ConfigError(f"{name} must be True or False, got {show(v)}")
         if not isinstance(conformal, str) or conformal not in CONFORMAL_METHODS:
@@ -131,6 +132,9 @@ class EdgeModel(Executor):
         del checked
         self.profile, self.latency_source, priors = self._priors(profile)
         self._inputs = InputChecker(self.manifest.input)
+        # (issue 34) input_suspect: the sample's raw statistics against the training split's
+        stats = self.manifest.input_stats
+        self._suspect = SuspectCheck(stats) if input_check and stats is not None else None
         self._classes = len(self.manifest.labels)
         self._labels = tuple(self.manifest.labels)
         self._configs = {c.id: c for c in self.manifest.configurations}
@@ -199,10 +203,12 @@ class EdgeModel(Executor):
                 for _ in range(repeats):
                     t0 = time.perf_counter()
                     self._inputs.one(x)
-                    d = draft(c, logits)
+                    if self._suspect is not None:
+                        self._suspect.one(x)
+                    pr, h, mi, lab, conf = probabilities(c, logits)
                     if self._unc is not None:  # the score and the set: their own cost
-                        self._uncertain(d, None, c.id, None, probe=True)
-                    finish(d, self._labels, self._target_key, 0.0, 0.0, True)
+                        self._uncertain(c, pr, [], c.id, None, probe=True)
+                    answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
                     times.append(time.perf_counter() - t0)
                 by_shape[shape] = statistics.median(times) * 1e3
             out[c.id] = by_shape[shape]
@@ -273,12 +279,15 @@ class EdgeModel(Executor):
         if alpha is not None:
             check_alpha(alpha)
         xn = self._inputs.one(x)
+        sus = self._suspect
+        if sus is not None:
+            sus = sus.one(x if type(x) is np.ndarray else np.asarray(x))
         if config_id is not None:
             stages = (self._pinned(config_id, budget, 1),)
         else:
             with self._lock:
                 stages = self.policy.call_stages(budget, self.strict)
-        p = self._execute_one(xn, stages, budget, t0, alpha)
+        p = self._execute_one(xn, stages, budget, t0, alpha, sus)
         if self._recorder is not None:
             self._recorder.add((p,), budget)
         return p
@@ -299,17 +308,19 @@ class EdgeModel(Executor):
             check_alpha(alpha)
         xn = self._inputs.batch(xs)
         n = len(xn)
+        sus = None if self._suspect is None else self._suspect.batch(np.asarray(xs))
         if config_id is not None:
             stages = (self._pinned(config_id, budget, n),)
         else:
             with self._lock:
                 stages = self.policy.call_stages(budget, self.strict, n)
         # one sample: the single-call path (the same answer, without the batch bookkeeping)
-        preds = [self._execute_one(xn, stages, budget, t0, alpha)] if n == 1 else \
-            self._execute_batch(xn, stages, budget, t0, alpha)
+        out = BatchPrediction([self._execute_one(
+            xn, stages, budget, t0, alpha, None if sus is None else bool(sus[0]))],
+            self._classes) if n == 1 else self._execute_batch(xn, stages, budget, t0, alpha, sus)
         if self._recorder is not None:
-            self._recorder.add(preds, budget)
-        return BatchPrediction(preds, self._classes)
+            self._recorder.add(out, budget)
+        return out
 
     def explain(self, budget: Budget | None = None, n: int = 1) -> Explanation:
         """The decision table the policy would use for a call now (changes no state): per
@@ -501,7 +512,8 @@ def load(bundle_dir: str | os.PathLike, profile: str | os.PathLike | None = "aut
          trusted_keys: Sequence[str | os.PathLike | bytes] | None = None,
          hysteresis: float = 0.1, half_life_s: float = 10.0, half_life_calls: int = 200,
          uncertainty: bool = True, alpha: float = 0.1, conformal: str = "lac",
-         abstain_on_ood: bool = True, memory_reader: Callable[[], float] | None = None,
+         abstain_on_ood: bool = True, input_check: bool = True,
+         memory_reader: Callable[[], float] | None = None,
          clock: Callable[[], float] = time.perf_counter) -> EdgeModel:
     """Load and verify a bundle (schema version, every file's sha256) before anything runs.
 
@@ -551,7 +563,11 @@ def load(bundle_dir: str | os.PathLike, profile: str | os.PathLike | None = "aut
             33; False: those fields are None and the call costs only the answer).
         alpha: the prediction sets' miscoverage (coverage >= 1 - alpha).
         conformal: the sets' score, "lac", "aps" or "raps".
-        abstain_on_ood: ``abstain`` also when ``in_distribution`` is False.
+        abstain_on_ood: ``abstain`` also when the input is unlike the training data:
+            ``in_distribution`` False or ``input_suspect`` True.
+        input_check: compute ``input_suspect`` (issue 34: the sample's per-channel mean and
+            maximum against the training split's, from the manifest's ``input_stats``;
+            False, or a bundle without them: None).
         memory_reader: MB available now (tests; default psutil).
         clock: the timer every latency is measured with (tests; default perf_counter).
     """
@@ -561,4 +577,4 @@ def load(bundle_dir: str | os.PathLike, profile: str | os.PathLike | None = "aut
                      hysteresis=hysteresis, half_life_s=half_life_s,
                      half_life_calls=half_life_calls, uncertainty=uncertainty, alpha=alpha,
                      conformal=conformal, abstain_on_ood=abstain_on_ood,
-                     memory_reader=memory_reader, clock=clock)
+                     input_check=input_check, memory_reader=memory_reader, clock=clock)

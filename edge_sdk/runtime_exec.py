@@ -13,7 +13,18 @@ import numpy as np
 
 from edge_sdk.errors import AllocationError, BundleError, EdgeSdkError
 from edge_sdk.policy import Budget, Stage
-from edge_sdk.prediction import Draft, Prediction, draft, draft_batch, finish
+from edge_sdk.bundle import Configuration
+from edge_sdk.prediction import (
+    BatchPrediction,
+    Draft,
+    Prediction,
+    answer,
+    batch_probabilities,
+    draft,
+    draft_batch,
+    finish,
+    probabilities,
+)
 from edge_sdk.uncertainty import cascade_key
 
 _RESIZE_ERRORS = (RuntimeError, ValueError)  # what LiteRT raises for a batch it cannot take
@@ -43,12 +54,13 @@ class Executor:
             q = self._qhats[(key, a)] = self._unc.qhat(key, self.conformal, a)
         return q
 
-    def _uncertain(self, d: Draft, interps, key: str, alpha: float | None,
-                   probe: bool = False) -> None:
-        """Fill ``d``'s OOD score (from the answering slice's features) and its conformal set
-        (the quantile of ``key``: the configuration, or the cascade plan that answered).
+    def _uncertain(self, c: Configuration, probs: list[float] | np.ndarray, interps: list,
+                   key: str, alpha: float | None, probe: bool = False
+                   ) -> tuple[float | None, bool | None, tuple[int, ...] | None]:
+        """(OOD score of the answering slice's features, in distribution, conformal set at
+        the quantile of ``key``: the configuration, or the cascade plan that answered).
         ``probe``: zero features, to measure the cost (load time)."""
-        c = d.config
+        score = ind = pset = None
         wk = self._unc_width.get(c.id)
         if wk is not None:
             if probe:
@@ -56,12 +68,12 @@ class Executor:
             else:
                 it = interps[0][0]
                 f = it.get_tensor(self._feature_index(c, it))
-            s = self._unc.score_one(wk, f)
-            d.ood_score = s
-            d.in_distribution = s <= self._unc.widths[wk].threshold
+            score = self._unc.score_one(wk, f)
+            ind = score <= self._unc.widths[wk].threshold
         q = self._qhat(key, alpha)
         if q is not None:
-            d.prediction_set = self._unc.set_one(d.probs, q, self.conformal)
+            pset = self._unc.set_one(probs, q, self.conformal)
+        return score, ind, pset
 
     def _uncertain_batch(self, ds: list[Draft], interps_feats, keys: list[str],
                          alpha: float | None) -> None:
@@ -118,9 +130,9 @@ class Executor:
                 self.policy.observe(c.id, t + fixed, n)
 
     def _execute_one(self, xn: np.ndarray, stages: tuple[Stage, ...], budget: Budget,
-                     t0: float, alpha: float | None = None) -> Prediction:
+                     t0: float, alpha: float | None = None, suspect: bool | None = None
+                     ) -> Prediction:
         clock = self._clock
-        ood = self.abstain_on_ood
         if len(stages) == 1:  # the common case, kept lean: this is all SDK time (issue 34)
             c = stages[0].config
             interps, built = self._resident(c, 1)
@@ -134,17 +146,21 @@ class Executor:
                 logits = logits.reshape(-1, self._classes)
             else:
                 logits, invoke = self._invoke(interps, xn)
-            d = draft(c, logits)
+            probs, entropy, mi, label, conf = probabilities(c, logits)
+            ood = ind = pset = None
             if self._unc is not None:
-                self._uncertain(d, interps, c.id, alpha)
+                ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
+            threshold = c.thresholds[self._target_key]
+            abstain = threshold is None or conf < threshold or (self.abstain_on_ood and (
+                ind is False or suspect is True))  # prediction.abstains(), inline
             total = (clock() - t0) * 1000
             policy = self.policy
             with self._lock:
                 policy.observe(c.id, total - built)
             met = (budget.latency_ms is None or total <= budget.latency_ms) and \
                 policy.fits_memory(c, budget)
-            return finish(d, self._labels, self._target_key, total, invoke, met,
-                          abstain_on_ood=ood)
+            return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
+                          invoke, met, 1, ood, ind, pset, suspect)
         built = invoke = 0.0
         times = []
         cut = False
@@ -164,11 +180,14 @@ class Executor:
                 cut = True
                 break  # no room for the next stage: this stage's answer stands
         if self._unc is not None:
-            self._uncertain(d, interps, self._set_key(stages, d.config, cut), alpha)
+            d.ood_score, d.in_distribution, d.prediction_set = self._uncertain(
+                d.config, d.probs, interps, self._set_key(stages, d.config, cut), alpha)
+        d.input_suspect = suspect
         total = (clock() - t0) * 1000
         self._learn(times, total, built)
         met = self._met([c for c, _ in times], budget, total)
-        return finish(d, self._labels, self._target_key, total, invoke, met, abstain_on_ood=ood)
+        return finish(d, self._labels, self._target_key, total, invoke, met,
+                      abstain_on_ood=self.abstain_on_ood)
 
     def _set_key(self, stages: tuple[Stage, ...], answered, cut: bool) -> str:
         """Whose conformal quantile a staged answer uses. A two-stage plan that ran as
@@ -232,11 +251,38 @@ class Executor:
             None if feats[0] is None else np.concatenate(feats)
 
     def _execute_batch(self, xn: np.ndarray, stages: tuple[Stage, ...], budget: Budget,
-                       t0: float, alpha: float | None = None) -> list[Prediction]:
+                       t0: float, alpha: float | None = None,
+                       suspect: np.ndarray | None = None) -> BatchPrediction:
         """One plan for the whole batch: each stage runs on the samples still pending (a
         cascade's second stage only on those the first was not confident about)."""
         clock = self._clock
         n = len(xn)
+        if len(stages) == 1:  # one configuration answers all: arrays only (issue 34)
+            c = stages[0].config
+            logits, invoke, built, feats = self._run_batch(c, xn)
+            bp = batch_probabilities(c, logits)
+            ood = ind = sets = None
+            if self._unc is not None:
+                wk = self._unc_width.get(c.id)
+                if wk is not None and feats is not None:
+                    ood = self._unc.score(wk, feats)
+                    ind = ood <= self._unc.widths[wk].threshold
+                q = self._qhat(c.id, alpha)
+                if q is not None:
+                    sets = self._unc.set_mask(bp.probs, q, self.conformal)
+            threshold = c.thresholds[self._target_key]  # prediction.abstains(), on arrays
+            abstain = np.ones(n, bool) if threshold is None else bp.confidence < threshold
+            if self.abstain_on_ood:
+                if ind is not None:
+                    abstain |= ~ind
+                if suspect is not None:
+                    abstain |= suspect
+            total = (clock() - t0) * 1000
+            with self._lock:
+                self.policy.observe(c.id, total - built, n)
+            met = self._met([c], budget, total)
+            return BatchPrediction.of_one(c, self._labels, bp, abstain, total, invoke, met,
+                                          ood, ind, sets, suspect)
         drafts: list[Draft | None] = [None] * n
         pending = np.arange(n)
         built = invoke = 0.0
@@ -256,6 +302,8 @@ class Executor:
             for k, (j, d) in enumerate(zip(pending, ds)):
                 if last or d.confidence >= st.accept:
                     drafts[j] = d
+                    if suspect is not None:
+                        d.input_suspect = bool(suspect[j])
                     cut = st.accept is not None and d.confidence < st.accept
                     done.append((k, self._set_key(stages, d.config, cut)
                                  if self._unc is not None else ""))
@@ -272,5 +320,5 @@ class Executor:
         if len(times) == 1:  # a stage on a subset is not a batch of n: learn plain calls only
             self._learn(times, total, built, n)
         met = self._met([c for c, _ in times], budget, total)
-        return [finish(d, self._labels, self._target_key, total, invoke, met, n,
-                       self.abstain_on_ood) for d in drafts]
+        return BatchPrediction([finish(d, self._labels, self._target_key, total, invoke, met,
+                                       n, self.abstain_on_ood) for d in drafts], self._classes)

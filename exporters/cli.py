@@ -71,6 +71,9 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--no-uncertainty", action="store_true",
                    help="no uncertainty.bin: answers carry no OOD score and no prediction set "
                         "(and slices have no features output)")
+    p.add_argument("--no-input-stats", action="store_true",
+                   help="no input_stats in the manifest: answers carry input_suspect None "
+                        "(no check of a sample's raw statistics against the training split)")
     p.add_argument("--ood-bank-rows", type=int, default=1000,
                    help="training images in each width's KNN bank (bytes: rows x feature "
                         "dim per width; default 1000)")
@@ -93,7 +96,8 @@ def export_main(argv: list[str]) -> int:
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
                          max_eval=args.max_eval, device=args.device, layout=args.layout,
-                         uncertainty=not args.no_uncertainty, ood_bank_rows=args.ood_bank_rows)
+                         uncertainty=not args.no_uncertainty, ood_bank_rows=args.ood_bank_rows,
+                         input_stats=not args.no_input_stats)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_calibration_warning(warnings.showwarning)
         print(export_bundle(args.checkpoint, args.out, opts, progress=not args.no_progress))

@@ -89,6 +89,9 @@ class ExportOptions:
     # slice's features; each slice gets them as a second output) and per configuration
     # conformal quantiles (exporters.uncertainty); needs the point scope
     uncertainty: bool = True
+    # (issue 34) the training split's per-channel raw statistics in the manifest, so the
+    # runtime flags inputs unlike the training data (Prediction.input_suspect)
+    input_stats: bool = True
     # training images in each width's KNN bank (int8, rows x feature dim bytes per width):
     # 1,000 is what the screen measured (benchmarks/results/ood_scores_*.md: better than the
     # whole 18k split on cifar10_dev, 1.6-3x cheaper to score); fewer rows, fewer bytes
@@ -243,6 +246,10 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
         if entry is not None:
             extra["uncertainty"] = entry
             files[entry["name"]] = blob
+    if opts.input_stats:  # (issue 34) input_suspect: the training split's raw statistics
+        from exporters.input_stats import fit_input_stats
+
+        extra["input_stats"] = fit_input_stats(data.train.raw, spec.value_range)
     sd = spec.to_dict()
     manifest = B.Manifest.from_dict({
         "schema_version": B.SCHEMA_VERSION, "layout": opts.layout, **extra,

@@ -110,6 +110,7 @@ from edge_sdk.bundle.records import (
     width_key,
 )
 from edge_sdk.bundle.recovery import ExportLock
+from edge_sdk.bundle.stats import InputStats
 from edge_sdk.bundle.slices import check_slice, read_slices, verify_bytes
 from edge_sdk.bundle.writing import write_bundle
 from edge_sdk.errors import BundleError  # noqa: F401 (tests and exporters reach it as bundle.BundleError)
@@ -128,6 +129,7 @@ __all__ = [
     "Configuration",
     "ExportLock",
     "FileEntry",
+    "InputStats",
     "InputSpec",
     "Manifest",
     "OutputSpec",

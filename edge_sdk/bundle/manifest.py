@@ -27,6 +27,7 @@ from edge_sdk.bundle.records import (
     _record,
     _width_key,
 )
+from edge_sdk.bundle.stats import InputStats
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import (
     NodeBudget,
@@ -502,6 +503,9 @@ class Manifest(_Record):
     # conformal quantiles (edge_sdk.uncertainty), {name, sha256, bytes}, verified like the
     # weights in both layouts; None: the bundle has none (answers carry ood_score None)
     uncertainty: StoreEntry | None = None
+    # (schema version 6, issue 34) the training split's per-channel raw statistics
+    # (edge_sdk.bundle.stats); None: no ``input_suspect`` (answers carry None)
+    input_stats: InputStats | None = None
 
     @property
     def is_store(self) -> bool:
@@ -528,6 +532,8 @@ class Manifest(_Record):
         out = super().to_dict()
         if self.schema_version < 5 or self.uncertainty is None:  # optional: absent = none
             del out["uncertainty"]
+        if self.schema_version < 6 or self.input_stats is None:
+            del out["input_stats"]
         if self.schema_version < 2:
             del out["batch_dim"]
         if self.schema_version < 3:
@@ -688,6 +694,17 @@ class Manifest(_Record):
                 fail(join(path, "uncertainty.name"), f"expected a file other than the store "
                                                      f"({store.name!r})")
         out["uncertainty"] = unc
+        stats = v["input_stats"]
+        if stats is not None:
+            p = join(path, "input_stats")
+            if version < 6:
+                fail(p, f"needs schema version 6 (a version-{version} bundle has no input "
+                        "statistics); set schema_version: 6 or remove it")
+            stats = _record(InputStats, stats, p)
+            if stats.channels != out["input"].channels:
+                fail(join(p, "channels"), f"expected {out['input'].channels} (the input's "
+                                          f"channels), got {stats.channels}")
+        out["input_stats"] = stats
         given = _slices(v["slices"], join(path, "slices"), graphs) if layout == "store" else {}
 
         p = join(path, "configurations")

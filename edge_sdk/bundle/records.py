@@ -30,15 +30,17 @@ from edge_sdk.validation import (
     str_value,
 )
 
-SCHEMA_VERSION = 5  # what the exporter writes
+SCHEMA_VERSION = 6  # what the exporter writes
 # what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded,
 # 3 = bundle layouts (files | store: one weight store, slices materialised; docs/store.md),
 # 4 = version 3 whose store configurations and graphs may leave out what the reader derives
 # (docs/store.md §5): an edge_sdk that reads only 1..3 refuses it by its version, not by a
 # missing key, 5 = version 4 plus ``uncertainty`` (issue 33: a verified file of
 # out-of-distribution statistics and conformal quantiles; slices with a second output, the
-# features it reads); an older bundle loads without them (ood_score None, no set)
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# features it reads); an older bundle loads without them (ood_score None, no set), 6 = version
+# 5 plus ``input_stats`` (issue 34: the training split's per-channel raw statistics; an older
+# bundle answers input_suspect None)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST_NAME = "manifest.yaml"
 FILE_SUFFIX = ".tflite"
 STORE_SUFFIX = ".bin"  # the weight store's file (docs/store.md §1)

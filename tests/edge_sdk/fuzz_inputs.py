@@ -78,6 +78,7 @@ def store_cases(data: dict, name: str, blob: bytes) -> list[Case]:
         c = d["configurations"][0]
         c["materialize"] = [{"width": f"{c['width']:.2f}", "sample": None, "heads": 0}]
         d.pop("uncertainty", None)
+        d.pop("input_stats", None)
         d.update(schema_version=3, layout="store",
                  store={"name": "store.bin", "sha256": hashlib.sha256(store).hexdigest(),
                         "bytes": len(store)},

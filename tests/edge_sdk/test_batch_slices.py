@@ -57,6 +57,7 @@ def _as_version_1(bundle: Path, dst: Path) -> Path:
     data["schema_version"] = 1
     del data["batch_dim"]
     data.pop("uncertainty", None)  # schema version 5's; the file stays, unlisted
+    data.pop("input_stats", None)  # schema version 6's
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     return dst
 

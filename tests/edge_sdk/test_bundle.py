@@ -219,10 +219,10 @@ def test_missing_dir_and_manifest(tmp_path: Path) -> None:
 
 def test_unknown_schema_version(tmp_path: Path) -> None:
     data = manifest_dict()
-    data["schema_version"] = 6
+    data["schema_version"] = 7
     bundle = write_raw(tmp_path / "b", data)
     with pytest.raises(BundleError,
-                       match=r"schema_version: unsupported schema version 6.*versions 1, 2, 3, 4, 5"):
+                       match=r"schema_version: unsupported schema version 7.*versions 1, 2, 3, 4, 5, 6"):
         b.read_manifest(bundle, verify=False)
 
 

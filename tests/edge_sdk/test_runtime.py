@@ -358,9 +358,11 @@ def test_abstain_follows_the_exported_threshold(bundle, manifest, xs, target):
         threshold = c.thresholds[key]
         for x in xs[::2]:
             p = m.predict(x, config_id=c.id)
-            # issue 33's default rule: below the confidence threshold, or out of distribution
+            # the default rule: below the confidence threshold, or out of distribution (issue
+            # 33), or a suspect input (issue 34)
             assert p.abstain == (threshold is None or p.confidence < threshold
-                                 or p.in_distribution is False), (c.id, threshold)
+                                 or p.in_distribution is False or p.input_suspect is True), \
+                (c.id, threshold)
 
 
 def test_abstain_with_forced_thresholds(bundle, tmp_path, xs):
@@ -370,10 +372,12 @@ def test_abstain_with_forced_thresholds(bundle, tmp_path, xs):
     at_one = edge_sdk.load(forced, target_accuracy=0.95)
     for x in xs[::4]:
         p = never.predict(x)
-        assert p.abstain == (p.in_distribution is False)  # only an OOD input abstains
+        # only an input unlike the training data abstains
+        assert p.abstain == (p.in_distribution is False or p.input_suspect is True)
         assert always.predict(x).abstain
         p = at_one.predict(x)
-        assert p.abstain == (p.confidence < 1.0 or p.in_distribution is False)
+        assert p.abstain == (p.confidence < 1.0 or p.in_distribution is False
+                             or p.input_suspect is True)
 
 
 def test_unknown_target_accuracy_names_the_available_ones(bundle):

@@ -94,6 +94,7 @@ def fake_store_bundle(files_bundle: Path, dst: Path, all1: bool = True) -> tuple
         c["materialize"] = _recipes(c)
     widths = sorted({f"{c['width']:.2f}" for c in configs})
     data.pop("uncertainty", None)  # schema version 5's (its file is not in this bundle)
+    data.pop("input_stats", None)  # schema version 6's
     data.update(schema_version=3, layout="store",
                 store=file_entry("store.bin", STORE, StoreEntry).to_dict(),
                 graphs={w: {"tensors": [], "ops": [], "inputs": [], "outputs": []}
@@ -365,7 +366,7 @@ def test_earlier_schema_versions_still_load(bundle, tmp_path):
     shutil.copytree(bundle, copy)
     data = read_manifest(copy).to_dict()
     data["schema_version"] = 2
-    for key in ("layout", "store", "graphs", "uncertainty"):
+    for key in ("layout", "store", "graphs", "uncertainty", "input_stats"):
         data.pop(key, None)
     (copy / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     x = _x(bundle)

@@ -29,7 +29,7 @@ def model(bundle):
 
 def test_the_bundle_lists_a_verified_uncertainty_file(bundle, model):
     m = read_manifest(bundle)
-    assert m.schema_version == 5 and m.uncertainty is not None
+    assert m.schema_version >= 5 and m.uncertainty is not None
     assert m.uncertainty.name == FILE_NAME
     assert (bundle / FILE_NAME).stat().st_size == m.uncertainty.bytes
     unc = model.uncertainty
@@ -185,6 +185,7 @@ def test_an_older_bundle_loads_with_no_score_and_no_set(bundle, tmp_path):
     data = read_manifest(dst).to_dict()
     data["schema_version"] = 4
     del data["uncertainty"]
+    data.pop("input_stats", None)
     (dst / FILE_NAME).unlink()
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     m = edge_sdk.load(dst, profile=None)
