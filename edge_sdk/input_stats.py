@@ -53,6 +53,7 @@ class SuspectCheck:
 
     def batch(self, xs: np.ndarray) -> np.ndarray:
         """``[N]`` bools of raw samples ``[N, H, W, C]`` (or grey ``[N, H, W]``)."""
-        v = xs.reshape(len(xs), -1, self.channels)
+        per = int(np.prod(xs.shape[1:])) // self.channels  # explicit: N may be 0
+        v = xs.reshape(len(xs), per, self.channels)
         stat = np.stack([v.mean(1), v.max(1)], 1)  # [N, 2, C]
         return ((stat < self._lo) | (stat > self._hi)).any((1, 2))
