@@ -30,8 +30,11 @@ numpy + stdlib only (no flatbuffers package needed to read: the bounds-checked a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError, SliceError
 from edge_sdk.flatbuffer_view import Flat, Table
@@ -39,6 +42,11 @@ from edge_sdk.graph import Graph, Op, Quantization, Tensor
 from edge_sdk.tflite_writer import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
 __all__ = ["read_graph", "MAX_ELEMENTS"]
+
+_V = TypeVar("_V")
+Weights = dict[str, npt.NDArray[Any]]
+# a tensor as read, with its shape signature (None: the file gives none)
+_Entry = tuple[Tensor, tuple[int, ...] | None]
 
 _OP_OF_CODE = {v: k for k, v in BUILTIN_CODES.items()}
 _DTYPE_OF_TYPE = {v: k for k, v in TENSOR_TYPES.items()}
@@ -85,13 +93,13 @@ _OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN":
              "RESIZE_BILINEAR": "size"}
 
 
-def _enum(value: int, table: dict, what: str, flat: Flat):
+def _enum(value: int, table: Mapping[int, _V], what: str, flat: Flat) -> _V:
     if value not in table:
         raise flat.bad(f"{what} {value} is not one of {sorted(table)}")
     return table[value]
 
 
-def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
+def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict[str, Any]:
     """The description's options of ``op`` from its options table (operands come later)."""
     kind, allowed = _OPTION_FIELDS.get(op, (None, set()))
     if kind is None:
@@ -104,12 +112,17 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
     if extra:
         raise flat.bad(f"{where}: {kind} sets field(s) {sorted(extra)}, which edge-sdk's writer "
                        f"never writes (it sets {sorted(allowed)})")
-    pad = lambda: _enum(t.scalar(0, "<b", 0), _PADDING, f"{where}: padding", flat)  # noqa: E731
-    act = lambda slot: _enum(t.scalar(slot, "<b", 0), _ACTIVATION,  # noqa: E731
-                             f"{where}: fused activation", flat)
+    table = t
+
+    def pad() -> str:
+        return _enum(table.scalar(0, "<b", 0), _PADDING, f"{where}: padding", flat)
+
+    def act(slot: int) -> str | None:
+        return _enum(table.scalar(slot, "<b", 0), _ACTIVATION, f"{where}: fused activation",
+                     flat)
 
     def positive(slot: int, what: str) -> int:
-        v = t.scalar(slot, "<i", 0)
+        v = table.scalar(slot, "<i", 0)
         if not 1 <= v <= 1 << 16:
             raise flat.bad(f"{where}: {what} {v}, expected 1..65536")
         return v
@@ -155,8 +168,8 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict:
     return {}
 
 
-def _constant(buf: np.ndarray, shape: tuple[int, ...], dtype: str, name: str,
-              flat: Flat) -> np.ndarray:
+def _constant(buf: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, name: str,
+              flat: Flat) -> npt.NDArray[Any]:
     dt = np.dtype(dtype).newbyteorder("<")
     count = int(np.prod(shape, dtype=np.int64))
     if buf.size != count * dt.itemsize:
@@ -168,7 +181,7 @@ def _constant(buf: np.ndarray, shape: tuple[int, ...], dtype: str, name: str,
     return a
 
 
-def read_graph(data: bytes, what: str = "model") -> tuple[Graph, dict[str, np.ndarray]]:
+def read_graph(data: bytes, what: str = "model") -> tuple[Graph, Weights]:
     """``(graph, weights)`` a ``.tflite`` file describes, checked (:meth:`Graph.validate`),
     or a :class:`SliceError` naming ``what`` and the first problem."""
     try:
@@ -183,7 +196,7 @@ def read_graph(data: bytes, what: str = "model") -> tuple[Graph, dict[str, np.nd
                          f"{str(exc)[:200]})") from None
 
 
-def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
+def _read(flat: Flat) -> tuple[Graph, Weights]:
     if flat.size < 8 or flat.data[4:8] != b"TFL3":
         raise flat.bad(f"not a TFLite model (file identifier {flat.data[4:8]!r}, expected "
                        "b'TFL3')")
@@ -200,16 +213,19 @@ def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
         if not 1 <= version <= _MAX_VERSION:
             raise flat.bad(f"{_OP_OF_CODE[code]} version {version}, expected 1..{_MAX_VERSION}")
         codes.append(_OP_OF_CODE[code])
-    buffers = []
-    for i, b in enumerate(model.tables(4, "Buffer", _MAX_TENSORS + 1)):
-        buffers.append(b.array(0, "u1", flat.size) if 0 in b.fields else np.zeros(0, np.uint8))
+    buffers: list[npt.NDArray[Any]] = []
+    for b in model.tables(4, "Buffer", _MAX_TENSORS + 1):
+        data = b.array(0, "u1", flat.size)  # None: no data field
+        buffers.append(np.zeros(0, np.uint8) if data is None else data)
     if not buffers or buffers[0].size:
         raise flat.bad("buffer 0 must be the empty sentinel buffer")
     subgraphs = model.tables(2, "SubGraph", 2)
     if len(subgraphs) != 1:
         raise flat.bad(f"{len(subgraphs)} subgraphs, expected exactly 1")
     sg = subgraphs[0]
-    tensors, weights, used_buffers = [], {}, set()
+    tensors: list[_Entry] = []
+    weights: Weights = {}
+    used_buffers: set[int] = set()
     for i, t in enumerate(sg.tables(0, "Tensor", _MAX_TENSORS)):
         name = t.string(3)
         if not name:
@@ -221,30 +237,29 @@ def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
             raise flat.bad(f"tensor {name!r}: shape {list(shape)} (expected 1 to {_MAX_RANK} "
                            f"positive dimensions, at most {MAX_ELEMENTS} elements)")
         dtype = _enum(t.scalar(1, "<b", 0), _DTYPE_OF_TYPE, f"tensor {name!r}: type", flat)
-        b = t.scalar(2, "<I", 0)
-        if b >= len(buffers):
-            raise flat.bad(f"tensor {name!r}: buffer {b} out of range ({len(buffers)} buffers)")
+        bi = t.scalar(2, "<I", 0)
+        if bi >= len(buffers):
+            raise flat.bad(f"tensor {name!r}: buffer {bi} out of range ({len(buffers)} buffers)")
         weight = None
-        if buffers[b].size:
-            if b in used_buffers:
-                raise flat.bad(f"tensor {name!r} shares buffer {b} with another tensor")
-            used_buffers.add(b)
-            weights[name] = _constant(buffers[b], shape, dtype, name, flat)
+        if buffers[bi].size:
+            if bi in used_buffers:
+                raise flat.bad(f"tensor {name!r} shares buffer {bi} with another tensor")
+            used_buffers.add(bi)
+            weights[name] = _constant(buffers[bi], shape, dtype, name, flat)
             weight = name
         quant = _quant(t.sub(4, "QuantizationParameters"), shape, name, flat)
         sig = t.array(7, "<i4", _MAX_RANK)
-        tensors.append([Tensor(name, shape, dtype, weight, quant),
-                        None if sig is None else tuple(int(d) for d in sig)])
+        tensors.append((Tensor(name, shape, dtype, weight, quant),
+                        None if sig is None else tuple(int(d) for d in sig)))
     names = [t.name for t, _ in tensors]
 
-    def index(i: int, where: str, optional: bool = False) -> str | None:
-        if optional and i == -1:
-            return None
+    def index(i: int, where: str) -> str:
         if not 0 <= i < len(tensors):
             raise flat.bad(f"{where}: tensor index {i} out of range ({len(tensors)} tensors)")
         return names[i]
 
-    ops, operand_of = [], {}
+    ops: list[Op] = []
+    operand_of: dict[str, str] = {}  # the writer's operand constants -> the op they belong to
     for k, o in enumerate(sg.tables(3, "Operator", _MAX_OPS)):
         opcode = o.scalar(0, "<I", 0)
         if opcode >= len(codes):
@@ -262,8 +277,10 @@ def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
             raise flat.bad(f"{where}: options type {otype}, expected "
                            f"{OPTIONS_TYPES[kind] if kind else 0} ({kind or 'none'})")
         options = _options(op, o.sub(4, kind or "options"), flat, where)
-        in_names = [index(i, where, optional=(op == "FULLY_CONNECTED" and j == 2))
-                    for j, i in enumerate(ins)]
+        # FULLY_CONNECTED's bias (input 2) may be left out: -1
+        in_names: list[str | None] = [
+            None if op == "FULLY_CONNECTED" and j == 2 and i == -1 else index(i, where)
+            for j, i in enumerate(ins)]
         if op in _OPERANDS:
             in_names = _operand(op, in_names, options, weights, tensors, operand_of, flat, where)
         elif op in ("ADD", "MUL") and len(in_names) == 2 and in_names[1] in weights:
@@ -275,10 +292,10 @@ def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
                       {k: v for k, v in options.items() if v is not None}))
     # the writer's int32 operands are options in the description: drop their tensors
     kept = [(t, sig) for t, sig in tensors if t.name not in operand_of]
-    io = {}
-    for slot, kind in ((1, "inputs"), (2, "outputs")):
+    io: dict[str, list[str]] = {}
+    for slot, ends in ((1, "inputs"), (2, "outputs")):
         arr = sg.array(slot, "<i4", 64)
-        io[kind] = [index(int(i), f"subgraph {kind}") for i in (() if arr is None else arr)]
+        io[ends] = [index(int(i), f"subgraph {ends}") for i in (() if arr is None else arr)]
     batch_dim = _batch_dim(kept, io, flat)
     signature = _signature(model, io, names, flat)
     graph = Graph([t for t, _ in kept], ops, io["inputs"], io["outputs"], batch_dim,
@@ -286,14 +303,15 @@ def _read(flat: Flat) -> tuple[Graph, dict[str, np.ndarray]]:
     for n in operand_of:
         weights.pop(n, None)
     graph.validate(weights)
-    for o in graph.ops:  # a reshape keeps a resizable batch only with -1 there (the writer's)
-        if o.op == "RESHAPE" and batch_dim == 0 and o.options["shape"][0] != -1:
-            raise flat.bad(f"RESHAPE {o.outputs[0]!r} hard-codes the batch ({o.options['shape']}) "
-                           "in a graph whose batch is resizable")
+    for gop in graph.ops:  # a reshape keeps a resizable batch only with -1 there (the writer's)
+        if gop.op == "RESHAPE" and batch_dim == 0 and gop.options["shape"][0] != -1:
+            raise flat.bad(f"RESHAPE {gop.outputs[0]!r} hard-codes the batch "
+                           f"({gop.options['shape']}) in a graph whose batch is resizable")
     return graph, weights
 
 
-def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat):
+def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat
+           ) -> Quantization | None:
     if q is None:
         return None
     scale, zero = q.array(2, "<f4", 1 << 16), q.array(3, "<i8", 1 << 16)
@@ -311,16 +329,17 @@ def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat):
     return Quantization(tuple(float(s) for s in scale), int(axis))
 
 
-def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
-             operand_of: dict, flat: Flat, where: str) -> list:
+def _operand(op: str, ins: list[str | None], options: dict[str, Any], weights: Weights,
+             tensors: list[_Entry], operand_of: dict[str, str], flat: Flat, where: str
+             ) -> list[str | None]:
     """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
     it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
     # PADV2 has a third input, its pad value; SLICE's third is its size
     arity = 3 if op in ("PADV2", "SLICE") else 2
-    if len(ins) != arity or ins[1] is None or ins[1] not in weights:
+    name = ins[1] if len(ins) == arity else None
+    if name is None or name not in weights:
         raise flat.bad(f"{where}: expected [input, int32 constant operand"
                        f"{', pad value' if arity == 3 else ''}], got {ins}")
-    name = ins[1]
     t = next(t for t, _ in tensors if t.name == name)
     if t.dtype != "int32" or name in operand_of or t.quant is not None:
         raise flat.bad(f"{where}: operand {name!r} must be an int32 constant used once")
@@ -338,7 +357,8 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
     elif op == "SLICE":
         size = ins[2]
         t2 = next((t for t, _ in tensors if t.name == size), None)
-        if t2 is None or size not in weights or t2.dtype != "int32" or size in operand_of \
+        if t2 is None or size is None or size not in weights or t2.dtype != "int32" \
+                or size in operand_of \
                 or value.ndim != 1 or weights[size].shape != value.shape:
             raise flat.bad(f"{where}: begin and size must be int32 vectors of one length, used "
                            "once")
@@ -354,12 +374,13 @@ def _operand(op: str, ins: list, options: dict, weights: dict, tensors: list,
     return ins[:1]
 
 
-def _scalar_operand(name: str | None, weights: dict, tensors: list, operand_of: dict,
-                    flat: Flat, where: str) -> float:
+def _scalar_operand(name: str | None, weights: Weights, tensors: list[_Entry],
+                    operand_of: dict[str, str], flat: Flat, where: str) -> float:
     """A float32 [1] constant the writer made from an option (PADV2's value, ADD / MUL's
     scalar), used by this op alone; it becomes that option again."""
     t = next((t for t, _ in tensors if t.name == name), None)
-    if t is None or name not in weights or t.dtype != "float32" or tuple(t.shape) != (1,) \
+    if t is None or name is None or name not in weights or t.dtype != "float32" \
+            or tuple(t.shape) != (1,) \
             or name in operand_of or t.quant is not None:
         raise flat.bad(f"{where}: operand {name!r} must be a float32 [1] constant used once")
     operand_of[name] = where
@@ -369,11 +390,11 @@ def _scalar_operand(name: str | None, weights: dict, tensors: list, operand_of: 
     return v
 
 
-def _batch_dim(tensors: list, io: dict, flat: Flat) -> int | None:
+def _batch_dim(tensors: list[_Entry], io: dict[str, list[str]], flat: Flat) -> int | None:
     """0 when every graph input and output's shape signature marks dimension 0 as -1 (and
     nothing else), None when none has one; any other signature is refused."""
     ends = set(io["inputs"]) | set(io["outputs"])
-    marked = set()
+    marked: set[str] = set()
     for t, sig in tensors:
         if sig is None:
             continue
@@ -390,7 +411,7 @@ def _batch_dim(tensors: list, io: dict, flat: Flat) -> int | None:
     return 0
 
 
-def _signature(model: Table, io: dict, names: list, flat: Flat) -> str:
+def _signature(model: Table, io: dict[str, list[str]], names: list[str], flat: Flat) -> str:
     sigs = model.tables(7, "SignatureDef", 2)
     if not sigs:
         return "serving_default"
