@@ -19,9 +19,10 @@ data" (OOD = positive class), like predictive entropy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from edge_sdk.errors import InputError
 
@@ -39,11 +40,25 @@ __all__ = [
 ]
 
 
-def _matrix(x: ArrayLike, name: str, cols: int | None = None, dtype=np.float64) -> NDArray:
+_S = TypeVar("_S", bound=np.generic)
+
+
+def _matrix(x: ArrayLike, name: str, cols: int | None = None) -> NDArray[np.float64]:
+    """``x`` as a checked float64 matrix (see :func:`_checked`)."""
+    a: NDArray[np.float64] = _as_array(x, name, np.float64)
+    return _checked(a, name, cols)
+
+
+def _as_array(x: ArrayLike, name: str, dtype: DTypeLike) -> NDArray[Any]:
     try:
-        a = np.asarray(x, dtype=dtype)
+        return np.asarray(x, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{name} must be a numeric array, got {type(x).__name__}") from exc
+
+
+def _checked(a: NDArray[_S], name: str, cols: int | None = None) -> NDArray[_S]:
+    """``a`` when it is a non-empty, finite [N, D] matrix (``cols`` columns); InputError
+    naming ``name`` otherwise."""
     if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
         raise InputError(f"{name} must be a non-empty 2-D array [N, D], got shape {a.shape}")
     if cols is not None and a.shape[1] != cols:
@@ -60,12 +75,14 @@ def energy_score(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.floa
         raise InputError(f"temperature must be a positive finite number, got {temperature}")
     s = z / temperature
     m = s.max(-1, keepdims=True)
-    return -temperature * (m[:, 0] + np.log(np.exp(s - m).sum(-1)))
+    energy: NDArray[np.float64] = -temperature * (m[:, 0] + np.log(np.exp(s - m).sum(-1)))
+    return energy
 
 
 def l2_normalise(features: ArrayLike, eps: float = 1e-12) -> NDArray[np.float64]:
     f = _matrix(features, "features")
-    return f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), eps)
+    unit: NDArray[np.float64] = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), eps)
+    return unit
 
 
 def knn_score(features: ArrayLike, bank: ArrayLike, k: int = 10, chunk: int = 2048
@@ -73,8 +90,11 @@ def knn_score(features: ArrayLike, bank: ArrayLike, k: int = 10, chunk: int = 20
     """Minus the cosine similarity of each (normalised) feature row to its k-th nearest row of
     ``bank`` (already L2-normalised, [M, D]); a float32 or float16 bank is used as stored (no
     per-call float64 copy), the features cast to its dtype."""
-    keep = getattr(bank, "dtype", None) in (np.float32, np.float16)
-    b = _matrix(bank, "bank", dtype=bank.dtype if keep else np.float64)
+    stored = getattr(bank, "dtype", None)
+    dtype: DTypeLike = np.float64
+    if stored is not None and stored in (np.float32, np.float16):
+        dtype = stored
+    b = _checked(_as_array(bank, "bank", dtype), "bank")
     f = l2_normalise(_matrix(features, "features", b.shape[1])).astype(b.dtype, copy=False)
     if not (isinstance(k, (int, np.integer)) and 1 <= k <= b.shape[0]):
         raise InputError(f"k must be an integer in [1, {b.shape[0]}] (the bank size), got {k!r}")
@@ -89,13 +109,13 @@ def knn_score(features: ArrayLike, bank: ArrayLike, k: int = 10, chunk: int = 20
 def ledoit_wolf(x: ArrayLike, assume_centered: bool = False) -> tuple[NDArray[np.float64], float]:
     """Ledoit–Wolf shrunk covariance of rows of ``x`` and its shrinkage in [0, 1] (the estimator
     and formula of ``sklearn.covariance.ledoit_wolf``, block size aside)."""
-    x = _matrix(x, "x")
-    n, d = x.shape
+    a = _matrix(x, "x")
+    n, d = a.shape
     if not assume_centered:
-        x = x - x.mean(0)
-    emp = x.T @ x / n
+        a = a - a.mean(0)
+    emp = a.T @ a / n
     mu = np.trace(emp) / d
-    x2 = x ** 2
+    x2 = a ** 2
     beta_ = float(np.sum(x2.T @ x2))
     delta_ = float(np.sum(emp ** 2))
     delta = (delta_ - 2.0 * mu * np.trace(emp) + d * mu ** 2) / d
@@ -132,8 +152,10 @@ def fit_gaussian(features: ArrayLike, labels: ArrayLike, num_classes: int) -> Ga
     means /= counts[:, None]
     cov, _ = ledoit_wolf(f - means[y], assume_centered=True)
     gcov, _ = ledoit_wolf(f)
-    return GaussianStats(means, np.linalg.pinv(cov, hermitian=True), f.mean(0),
-                         np.linalg.pinv(gcov, hermitian=True))
+    # (pinv of float64 is float64: astype(copy=False) only says so to the type checker)
+    return GaussianStats(means, np.linalg.pinv(cov, hermitian=True).astype(np.float64, copy=False),
+                         f.mean(0),
+                         np.linalg.pinv(gcov, hermitian=True).astype(np.float64, copy=False))
 
 
 def _sq_dist(f: NDArray[np.float64], means: NDArray[np.float64], precision: NDArray[np.float64]
@@ -141,18 +163,23 @@ def _sq_dist(f: NDArray[np.float64], means: NDArray[np.float64], precision: NDAr
     """[N, C] squared Mahalanobis distances, expanded so no [N, C, D] tensor is built."""
     fp = f @ precision
     mp = means @ precision
-    return ((fp * f).sum(1)[:, None] - 2.0 * fp @ means.T + (mp * means).sum(1)[None, :])
+    d2: NDArray[np.float64] = (fp * f).sum(1)[:, None] - 2.0 * fp @ means.T \
+        + (mp * means).sum(1)[None, :]
+    return d2
 
 
 def mahalanobis_score(features: ArrayLike, stats: GaussianStats) -> NDArray[np.float64]:
     f = _matrix(features, "features", stats.means.shape[1])
-    return _sq_dist(f, stats.means, stats.precision).min(1)
+    nearest: NDArray[np.float64] = _sq_dist(f, stats.means, stats.precision).min(1)
+    return nearest
 
 
 def relative_mahalanobis_score(features: ArrayLike, stats: GaussianStats) -> NDArray[np.float64]:
     f = _matrix(features, "features", stats.means.shape[1])
     d0 = _sq_dist(f, stats.global_mean[None, :], stats.global_precision)[:, 0]
-    return (_sq_dist(f, stats.means, stats.precision) - d0[:, None]).min(1)
+    nearest: NDArray[np.float64] = (_sq_dist(f, stats.means, stats.precision)
+                                    - d0[:, None]).min(1)
+    return nearest
 
 
 def fit_zscore(val_scores: ArrayLike) -> tuple[float, float]:
@@ -171,4 +198,7 @@ def fused_score(scores: list[ArrayLike], norms: list[tuple[float, float]]) -> ND
     if not scores or len(scores) != len(norms):
         raise InputError(f"fused_score needs one (mean, std) per score, got {len(scores)} scores "
                          f"and {len(norms)} norms")
-    return sum((np.asarray(s, np.float64) - m) / sd for s, (m, sd) in zip(scores, norms))
+    total: NDArray[np.float64] | float = 0.0  # as sum() starts, from 0
+    for s, (m, sd) in zip(scores, norms):
+        total = total + (np.asarray(s, np.float64) - m) / sd
+    return np.asarray(total)
