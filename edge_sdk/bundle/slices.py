@@ -130,8 +130,9 @@ def read_slices(bundle_dir: PathLike, manifest: Manifest) -> dict[str, bytes]:
     checked against each configuration that lists it: file name -> immutable bytes."""
     root = Path(bundle_dir)
     if getattr(manifest, "is_store", False):
+        store = "its weight store" if manifest.store is None else manifest.store.name
         raise BundleError(f"{root}: a store bundle (layout 'store'): its files are materialised "
-                          f"from {manifest.store.name}, not read (edge_sdk.bundle.materialized."
+                          f"from {store}, not read (edge_sdk.bundle.materialized."
                           f"open_slices, or edge-sdk materialize for a files bundle)")
     blobs: dict[str, bytes] = {}
     for entry in manifest.file_entries():
