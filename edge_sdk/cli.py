@@ -190,11 +190,12 @@ def _one_line_argparse() -> Iterator[None]:
         raise _ArgumentError(self.prog, message)
 
     saved = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+    # patching the method for the command's run is the point (restored below)
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]  # see above
     try:
         yield
     finally:
-        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
+        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]  # the original
 
 
 # Commands of the device wheel that need no entry point (issue 36's signing commands): the

@@ -164,7 +164,8 @@ def _guarded(cls: Any, name: str) -> Any:
     backend does not know) into a one-line BackendError naming the file."""
     quiet_delegate_banner(cls)
 
-    class Interpreter(cls):
+    # the backend's Interpreter class, known only at run time (no stubs: typed Any)
+    class Interpreter(cls):  # type: ignore[misc]  # subclassing Any: see above
         def __init__(self, *args: Any, model_name: str | None = None, **kwargs: Any) -> None:
             # model_name: what to call a model given as bytes (model_content=) in errors
             self._edge_sdk_name = model_name or (
