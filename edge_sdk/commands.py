@@ -7,9 +7,10 @@ import json
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
 from edge_sdk.input_files import read_input
@@ -18,11 +19,11 @@ if TYPE_CHECKING:
     from edge_sdk.bundle import InputSpec
 
 
-def _read_input(path: str, spec: InputSpec, resize: bool = False) -> np.ndarray:
+def _read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[Any]:
     return read_input(path, spec, resize)
 
 
-def _is_batch(x: np.ndarray, spec: InputSpec) -> bool:
+def _is_batch(x: npt.NDArray[Any], spec: InputSpec) -> bool:
     """Whether an ``--input`` array is a batch, decided from the bundle's input spec
     ``[1, H, W, C]``: ``[N, H, W, C]`` is; for a grey model (C = 1) so is ``[N, H, W]``, while
     ``[H, W]`` and ``[H, W, 1]`` are one sample. Anything else goes to ``predict`` as one
@@ -98,7 +99,7 @@ def run_main(argv: list[str]) -> int:
     return 0
 
 
-def bench_input(spec: InputSpec, seed: int = 0) -> np.ndarray:
+def bench_input(spec: InputSpec, seed: int = 0) -> npt.NDArray[Any]:
     """One sample of what ``predict`` accepts for this input spec: the declared dtype (uint8
     bundles take integers, float bundles float32) drawn uniformly over the declared value
     range, shape ``input.shape[1:]``."""

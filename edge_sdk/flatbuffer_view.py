@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import SliceError
 
@@ -117,7 +118,7 @@ class Table:
         return [self.flat.table(start + 4 * i + self.flat._at("<I", start + 4 * i), kind)
                 for i in range(n)]
 
-    def array(self, slot: int, dtype: str, limit: int) -> np.ndarray | None:
+    def array(self, slot: int, dtype: str, limit: int) -> npt.NDArray[Any] | None:
         pos = self.ref(slot)
         if pos is None:
             return None

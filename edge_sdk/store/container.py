@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import BundleError, ConfigError
 
@@ -89,13 +90,13 @@ class Store:
     refers to."""
 
     index: dict[str, Any] = field(default_factory=dict)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    arrays: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
     #: set by :func:`decode_store`: bytes of the version-1 buffer the arrays are views into,
     #: i.e. what a device holds for this store (the inflated size for a compressed file, not
     #: the file's size); 0 for a store built in memory
     nbytes: int = 0
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str) -> npt.NDArray[Any]:
         """The array ``name``; ``BundleError`` naming it when the store has none."""
         try:
             return self.arrays[name]
@@ -109,7 +110,7 @@ def _canonical(obj: Any) -> bytes:
                       allow_nan=False).encode("ascii")
 
 
-def _dtype_str(a: np.ndarray, name: str) -> str:
+def _dtype_str(a: npt.NDArray[Any], name: str) -> str:
     dt = a.dtype.newbyteorder("<") if a.dtype.byteorder != "|" else a.dtype
     if dt.str not in DTYPES:
         raise ConfigError(f"store array {name!r}: dtype {a.dtype} is not allowed, expected one "
@@ -193,7 +194,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _check_entry(name: str, e: Any, payload: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
+def _check_entry(name: str, e: Any, payload: int) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
     where = f"store array {name!r}"
     if not isinstance(e, dict) or set(e) != _ENTRY_KEYS:
         got = sorted(e) if isinstance(e, dict) else type(e).__name__
@@ -361,7 +362,7 @@ def _decode_v1(buf: memoryview) -> Store:
     if end != payload:
         raise BundleError(f"store: {payload - end} bytes after the last array, expected none "
                           f"(payload {payload} bytes, arrays end at {end})")
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, npt.NDArray[Any]] = {}
     for name, (dtype, shape, off, size) in checked.items():
         if size == 0:
             a = np.zeros(shape, dtype=dtype)
