@@ -196,7 +196,7 @@ def main() -> None:
             cells.append(f"{r['fidelity_214']:.1e}" if "fidelity_214" in r else "-")
         cells += [f"{m[w] / 1e6:.1f} M" if w in m else "-" for w in WIDTHS]
         b = r.get("bytes") or {}
-        cells.append(f"{m[0.25] / m[1.0]:.0%}" if m else "-")
+        cells.append(f"{m[0.25] / m[1.0]:.{1 if args.macs_only else 0}%}" if m else "-")
         cells += [f"{b[w] / 1e3:.0f}" if w in b else "-" for w in WIDTHS]
         mono = bool(m and b) and all(d[u] < d[v] for d in (m, b)
                                      for u, v in zip(WIDTHS, WIDTHS[1:]))

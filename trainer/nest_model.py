@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear, _inverse_softplus
+from trainer.layers import (_ACTIVATIONS, BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear,
+                            _inverse_softplus)
 from trainer.models.base import LayerCut, NestedModel
 Segment = tuple  # (DownhillOrdering | None, channels: int, fold: bool)
 
@@ -94,6 +95,86 @@ class NestConv2d(_Segmented, BayesNestedConv2d):
         return torch.cat(parts, 1)
 
 
+class NestNorm(NestConv2d):
+    """A pre-activation batch norm (DenseNet's norm -> relu before each conv over the growing
+    concatenation) as a 1x1 depthwise block of weight 1, whose channels follow its input's
+    segments: at a width it keeps each segment's kept prefix (an index set over the
+    concatenation, not a prefix), and it masks its own output with the segments' masks again,
+    since bn(0) is not 0: a dropped channel then reads as zero downstream, as the truncated
+    network (which has no such channel) computes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        segs = getattr(self, "in_segments", None) or []
+        if not any(u is not None for u, _, _ in segs):
+            return super().forward(x)
+        idx = None
+        if x.shape[1] < self.out_channels:  # a fixed narrow width: each segment's kept prefix
+            idx = self.kept_input_index(lambda u: u.fixed_groups).to(x.device)
+        mode = self.mode or ("sample" if self.training else "mean")
+        mu = self.weight_mu if idx is None else self.weight_mu[idx]
+        if mode == "mean":
+            y = x * mu.view(1, -1, 1, 1)
+        else:
+            sigma = self.weight_sigma if idx is None else self.weight_sigma[idx]
+            if mode == "sample":
+                var = (x * x) * (sigma ** 2).view(1, -1, 1, 1)
+                y = x * mu.view(1, -1, 1, 1) + torch.sqrt(var + 1e-12) * torch.randn_like(x)
+            else:
+                y = x * (mu + sigma * torch.randn_like(mu)).view(1, -1, 1, 1)
+        y = self.bn(y) if idx is None else self._norm_at(y, idx)
+        act = _ACTIVATIONS[self.activation]
+        if act is not None:
+            y = act(y)
+        if idx is None:  # sampled masks: zero what the producers dropped
+            y = y * self._segment_mask(y.shape[0]).to(y).view(-1, self.out_channels, 1, 1)
+        return y
+
+    def _segment_mask(self, batch: int) -> torch.Tensor:
+        parts = []
+        rows = 1
+        for unit, ch, _ in self.in_segments:
+            if unit is None:
+                parts.append(torch.ones(1, ch))
+                continue
+            m = (unit.forward_mask(batch) > 0).float()  # [1 or batch, G]
+            rows = max(rows, m.shape[0])
+            parts.append(m.repeat_interleave(ch // unit.groups, -1))
+        return torch.cat([p.expand(rows, -1) for p in parts], 1)
+
+    def _norm_at(self, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``self.bn`` on the channels ``idx`` (running statistics updated there)."""
+        bn = self.bn
+        factor = 0.0
+        if bn.training and bn.track_running_stats:
+            bn.num_batches_tracked.add_(1)
+            factor = (1.0 / float(bn.num_batches_tracked) if bn.momentum is None
+                      else bn.momentum)
+        mean, var = bn.running_mean[idx].clone(), bn.running_var[idx].clone()
+        out = F.batch_norm(y, mean, var, bn.weight[idx], bn.bias[idx], bn.training, factor,
+                           bn.eps)
+        if bn.training and bn.track_running_stats:
+            # through .data: the full-width pass of this step saved these buffers for its
+            # backward (as batch_norm's own in-place update, this is not a tracked change)
+            bn.running_mean.data[idx] = mean
+            bn.running_var.data[idx] = var
+        return out
+
+    @torch.no_grad()
+    def keep_channels_(self, idx: torch.Tensor) -> None:
+        """Truncation: keep the channels ``idx`` (the segments' kept prefixes)."""
+        self.weight_mu = nn.Parameter(self.weight_mu.detach()[idx].clone())
+        self.weight_rho = nn.Parameter(self.weight_rho.detach()[idx].clone())
+        bn = self.bn
+        new = type(bn)(len(idx), eps=bn.eps, momentum=bn.momentum, device=bn.weight.device,
+                       dtype=bn.weight.dtype)
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            getattr(new, name).copy_(getattr(bn, name)[idx])
+        new.num_batches_tracked.copy_(bn.num_batches_tracked)
+        new.train(bn.training)
+        self.bn = new
+        self.out_channels = self.in_channels = len(idx)
+
+
 class NestLinear(_Segmented, BayesNestedLinear):
     pass
 
@@ -136,7 +217,8 @@ class NestedGraphModel(NestedModel):
                 if layer.apply_mask and not getattr(layer, "forward_fold", False):
                     scale = keep_prob[id(unit)][: kept[id(unit)]].repeat_interleave(size)
             ranges, in_scale = _input_plan(layer, kept, keep_prob)
-            if getattr(layer, "depthwise", False) or getattr(layer, "grouped", False):
+            if (getattr(layer, "depthwise", False) or getattr(layer, "grouped", False)) and \
+                    not isinstance(layer, NestNorm):
                 ranges = None  # its input channels follow its outputs (cut with them)
             plan[name] = LayerCut(out_keep, ranges, scale, in_scale)
         return plan
@@ -154,6 +236,9 @@ class NestedGraphModel(NestedModel):
                 continue
             cut = plan[name]
             depthwise = getattr(layer, "depthwise", False)
+            if isinstance(layer, NestNorm) and cut.in_ranges is not None:
+                # its channels are its input's: each segment's kept prefix
+                layer.keep_channels_(torch.cat([torch.arange(a, b) for a, b in cut.in_ranges]))
             if not depthwise:
                 idx = None if cut.in_ranges is None else torch.cat(
                     [torch.arange(a, b) for a, b in cut.in_ranges])
@@ -216,4 +301,4 @@ def _scale_rows(layer: BayesNestedLayer, s: torch.Tensor) -> None:
         F.softplus(layer.weight_rho.detach()) * s.to(layer.weight_rho).view(view)))
 
 
-__all__ = ["NestConv2d", "NestLinear", "NestedGraphModel"]
+__all__ = ["NestConv2d", "NestLinear", "NestNorm", "NestedGraphModel"]

@@ -104,6 +104,9 @@ class Plan:
 
     def describe(self, b: Block, units: dict) -> str:
         r = self.root(b.out_space)
+        if b.kind == "norm" and any(self.root(s) in self.nested for s, _, _ in b.inputs):
+            return ("no unit: follows its input's segments (each branch's kept prefix), its "
+                    "output masked again")
         if r not in self.nested:
             if r in self.added and self.residual == "inner":
                 why = "residual stream (residual='inner')"

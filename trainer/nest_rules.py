@@ -13,10 +13,12 @@ from trainer.nest_plan import (_ADD, _RESHAPES, Block, Plan, _arg, _only_user, f
 def _norm_block(node: fx.Node, m: nn.BatchNorm2d, modules: dict, env: dict,
                 plan: Plan) -> Block:
     """A pre-activation batch norm (DenseNet's norm -> relu -> conv over a concatenation): a
-    1x1 depthwise block initialised to the identity, with this BN and the activation after it.
-    It is not nested, and the value it reads stays full width: a BN over a concatenation of
-    nested prefixes would need index sets, not prefixes (DenseNet then nests the bottleneck
-    inside each layer, as ResNet's residual='inner' nests inside each block)."""
+    1x1 depthwise block initialised to the identity, with this BN and the activation after it
+    (:class:`trainer.nest_model.NestNorm`). It has no unit of its own: its channels follow its
+    input's segments (each branch of the concatenation keeps its prefix, so the norm keeps an
+    index set), and its output carries the same segments to the layers reading it; it masks
+    its output again with the segments' masks (bn(0) != 0). A norm of the network input keeps
+    that input full width."""
     if m.running_mean is None:
         raise fail(node, "a BatchNorm2d without running statistics (track_running_stats=False) "
                          "cannot fold at export")
@@ -27,12 +29,15 @@ def _norm_block(node: fx.Node, m: nn.BatchNorm2d, modules: dict, env: dict,
         b.activation = act
         b.absorbed.append(user)
     b.inputs = _arg(node, env)
-    for s, _, _ in b.inputs:
-        plan.fixed.setdefault(s, "read by a pre-activation batch norm")
     b.out_space = plan.new_space()
-    plan.fixed[b.out_space] = "pre-activation batch norm (identity 1x1 depthwise, not nested)"
+    plan.fixed[b.out_space] = "pre-activation batch norm (identity 1x1 depthwise, no unit)"
     plan.blocks.append(b)
-    env[b.last] = [(b.out_space, b.out_channels, b)]
+    if any(ch is None for _, ch, _ in b.inputs):  # the network input: channels unknown
+        for s, _, _ in b.inputs:
+            plan.fixed.setdefault(s, "read by a pre-activation batch norm")
+        env[b.last] = [(b.out_space, b.out_channels, b)]
+    else:
+        env[b.last] = [(s, ch, b) for s, ch, _ in b.inputs]
     return b
 
 

@@ -43,7 +43,7 @@ from torch import fx, nn
 
 from edge_sdk.errors import ConfigError
 from trainer.nest_graph import Block, Plan, analyse, fail
-from trainer.nest_model import NestConv2d, NestedGraphModel, NestLinear
+from trainer.nest_model import NestConv2d, NestedGraphModel, NestLinear, NestNorm
 from trainer.nest_ops import HOMOGENEOUS, is_stochastic_depth
 from trainer.ordering import DownhillOrdering
 
@@ -196,8 +196,8 @@ def _build_norm(b: Block, plan: Plan, units: dict, log_alpha_init: float) -> nn.
     c = b.out_channels
     segments = [(units.get(plan.root(s)), c if ch is None else ch, plan.folds(src))
                 for s, ch, src in b.inputs]
-    layer = NestConv2d(c, c, 1, 1, 0, depthwise=True, ordering=None, apply_mask=False,
-                       batch_norm=True, activation=None, log_alpha_init=log_alpha_init)
+    layer = NestNorm(c, c, 1, 1, 0, depthwise=True, ordering=None, apply_mask=False,
+                     batch_norm=True, activation=None, log_alpha_init=log_alpha_init)
     layer.activation = b.activation
     layer.forward_fold = False
     layer.set_input(segments, 1)

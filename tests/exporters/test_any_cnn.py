@@ -298,3 +298,24 @@ def test_stage_mode_folds_a_hardswish_stream_forwards_through_its_adds(width):
     xn = np.random.default_rng(1).standard_normal((3, 16, 16, 3)).astype(np.float32)
     buf, _ = export_point_slice(small, (1, 16, 16, 3), weights="float")
     assert rel(run_tflite(buf, xn), run_torch(small, xn)) <= 1e-5
+
+
+def test_a_pre_activation_norm_follows_its_segments_and_masks_again():
+    # DenseNet: the norm over the concatenation keeps each branch's kept prefix (an index set)
+    # and zeroes the dropped channels again after itself (bn(0) != 0), so the full-width
+    # network under a sampled mask computes what the truncated slice runs
+    torch.manual_seed(0)
+    source = DenseLike().double().eval()
+    randomise(source, 3)
+    model = nest(source).double().eval()
+    randomise(model, 4)
+    model.set_rescale(True)
+    rows = {r["layer"]: r["ordering"] for r in model.nest_summary}
+    assert rows["features.4.conv"].startswith("unit")  # the transition, read by norms
+    assert "follows its input's segments" in rows["features.5.denselayer2.norm1"]
+    x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
+    for w in WIDTHS:
+        assert _masked_minus_truncated(model, w, x) <= 1e-12
+    name = "body.features.5.denselayer2.norm1"
+    assert model.truncate(0.5).get_submodule(name).out_channels < \
+        model.get_submodule(name).out_channels

@@ -121,15 +121,17 @@ class Upsampling(nn.Module):
 
 
 class PreActivation(nn.Module):
-    """DenseNet: pre-activation batch norms over a growing concatenation, a transition."""
+    """DenseNet: pre-activation batch norms over a growing concatenation of nested branches
+    (each keeps its prefix: the norm keeps an index set), a nested transition."""
 
     def __init__(self):
         super().__init__()
         dn = torchvision.models.densenet
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1, bias=False), NORM(8), nn.ReLU(),
-            dn._DenseBlock(2, 8, 2, 4, 0.0), dn._Transition(16, 8), NORM(8))
-        self.fc = nn.Linear(8, 10)
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), NORM(16), nn.ReLU(),
+            dn._DenseBlock(2, 16, 1, 16, 0.0), dn._Transition(48, 16),
+            dn._DenseBlock(1, 16, 1, 16, 0.0), NORM(32))
+        self.fc = nn.Linear(32, 10)
 
     def forward(self, x):
         y = nn.functional.relu(self.features(x))
