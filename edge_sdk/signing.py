@@ -36,7 +36,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Union
 
 from edge_sdk.bundle.reading import _MAX_MANIFEST_BYTES, _parse_manifest_text
 from edge_sdk.bundle.records import MANIFEST_NAME
@@ -52,6 +52,14 @@ from edge_sdk.errors import (
     UntrustedKeyError,
 )
 
+if TYPE_CHECKING:  # cryptography is the optional [sign] extra: imported where used
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+    from edge_sdk.bundle.manifest import Manifest
+
 __all__ = ["INSTALL", "SIGNATURE_NAME", "KeyLike", "generate_keypair", "key_id",
            "load_private_key", "load_public_key", "read_trusted_manifest", "sign_bundle",
            "signature_text", "signer"]
@@ -66,17 +74,17 @@ _LINE = re.compile(r"^edge-sdk-signature: 1\nalgorithm: ed25519\nkey: ([0-9a-f]{
                    r"signature: ([A-Za-z0-9+/]{86}==)\n$")
 
 
-def _crypto() -> Any:
-    """The ``cryptography`` names used here, or SigningUnavailableError with the install line."""
+def _crypto() -> None:
+    """SigningUnavailableError with the install line unless the ``cryptography`` modules used
+    here import (each function imports them by name after this check)."""
     try:
-        from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ed25519
+        from cryptography.exceptions import InvalidSignature  # noqa: F401
+        from cryptography.hazmat.primitives import serialization  # noqa: F401
+        from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: F401
     except ImportError:
         raise SigningUnavailableError(
             "signed bundles need the optional cryptography package, which is not installed: "
             f"{INSTALL}") from None
-    return serialization, ed25519, InvalidSignature
 
 
 # ---------------------------------------------------------------------------------- keys
@@ -102,10 +110,12 @@ def _key_bytes(key: KeyLike, what: str) -> tuple[bytes, str]:
     return data, f"{what} {p}"
 
 
-def load_private_key(key: KeyLike) -> Any:
+def load_private_key(key: KeyLike) -> Ed25519PrivateKey:
     """An Ed25519 private key from a PKCS#8 PEM file (``openssl genpkey -algorithm ed25519``)
     or its bytes; SigningKeyError naming what it is otherwise."""
-    serialization, ed25519, _ = _crypto()
+    _crypto()
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
     data, name = _key_bytes(key, "signing key")
     if b"PUBLIC KEY" in data and b"PRIVATE KEY" not in data:
         raise SigningKeyError(f"{name} is a public key; signing needs the private key (PKCS#8 "
@@ -124,11 +134,13 @@ def load_private_key(key: KeyLike) -> Any:
     return k
 
 
-def load_public_key(key: KeyLike) -> Any:
+def load_public_key(key: KeyLike) -> Ed25519PublicKey:
     """An Ed25519 public key from a SubjectPublicKeyInfo PEM file (``openssl pkey -pubout``)
     or its bytes; SigningKeyError naming what it is otherwise (a private key is refused:
     an app ships public keys only)."""
-    serialization, ed25519, _ = _crypto()
+    _crypto()
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
     data, name = _key_bytes(key, "trusted key")
     if b"PRIVATE KEY" in data:
         raise SigningKeyError(f"{name} is a private key; trusted keys are public keys (derive "
@@ -145,9 +157,11 @@ def load_public_key(key: KeyLike) -> Any:
     return k
 
 
-def key_id(public_key: Any) -> str:
+def key_id(public_key: Ed25519PublicKey) -> str:
     """sha256 (hex) of the key's SubjectPublicKeyInfo DER: what a signature file names."""
-    serialization, _, _ = _crypto()
+    _crypto()
+    from cryptography.hazmat.primitives import serialization
+
     der = public_key.public_bytes(serialization.Encoding.DER,
                                   serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).hexdigest()
@@ -162,7 +176,9 @@ def generate_keypair(private_path: str | os.PathLike[str], public_path: str | os
     """Write a new Ed25519 key pair: the private key as unencrypted PKCS#8 PEM (mode 0600),
     the public key as SubjectPublicKeyInfo PEM (default: ``<private>.pub``). Each written
     atomically; an existing file is replaced only with ``force``."""
-    serialization, ed25519, _ = _crypto()
+    _crypto()
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
     priv = Path(private_path)
     pub = Path(public_path) if public_path is not None else priv.with_name(priv.name + ".pub")
     if priv.resolve() == pub.resolve():
@@ -201,7 +217,7 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
 
 
 # ------------------------------------------------------------------------------ signing
-def signature_text(manifest_bytes: bytes, private_key: Any) -> bytes:
+def signature_text(manifest_bytes: bytes, private_key: Ed25519PrivateKey) -> bytes:
     """The signature file's bytes for ``manifest_bytes`` (see the module docstring)."""
     sig = private_key.sign(bytes(manifest_bytes))
     return (f"{_HEADER}\nalgorithm: ed25519\nkey: {key_id(private_key.public_key())}\n"
@@ -275,7 +291,7 @@ def _read_signature(root: Path) -> _Signature:
     return _Signature(m.group(1), base64.b64decode(m.group(2), validate=True))
 
 
-def _trusted(trusted_keys: Iterable[KeyLike] | KeyLike) -> dict[str, Any]:
+def _trusted(trusted_keys: Iterable[KeyLike] | KeyLike) -> dict[str, Ed25519PublicKey]:
     if isinstance(trusted_keys, (str, bytes, bytearray, os.PathLike)):
         trusted_keys = [trusted_keys]  # one key given as itself
     try:
@@ -286,14 +302,14 @@ def _trusted(trusted_keys: Iterable[KeyLike] | KeyLike) -> dict[str, Any]:
     if not keys:
         raise SigningKeyError("trusted_keys is empty: name at least one public key (or pass "
                               "None to load unsigned bundles)")
-    out = {}
+    out: dict[str, Ed25519PublicKey] = {}
     for k in keys:
         pk = load_public_key(k)
         out[key_id(pk)] = pk
     return out
 
 
-def _check_listed(root: Path, manifest: Any) -> None:
+def _check_listed(root: Path, manifest: Manifest) -> None:
     listed = {MANIFEST_NAME, SIGNATURE_NAME} | {e.name for e in manifest.stored_entries()}
     try:
         present = sorted(os.listdir(root))
@@ -308,12 +324,14 @@ def _check_listed(root: Path, manifest: Any) -> None:
 
 
 def read_trusted_manifest(bundle_dir: str | os.PathLike[str],
-                          trusted_keys: Iterable[KeyLike] | KeyLike) -> Any:
+                          trusted_keys: Iterable[KeyLike] | KeyLike) -> Manifest:
     """The bundle's Manifest, parsed from bytes whose signature verified under one of
     ``trusted_keys`` *before* they were parsed; every file of the directory must be listed.
     The listed files' sizes and sha256 are the runtime's next check (``read_slices`` /
     ``read_store``): a byte changed after signing is a ChecksumMismatchError there."""
-    _, _, InvalidSignature = _crypto()
+    _crypto()
+    from cryptography.exceptions import InvalidSignature
+
     keys = _trusted(trusted_keys)
     root = Path(bundle_dir)
     if not (root / MANIFEST_NAME).is_file():
