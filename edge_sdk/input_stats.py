@@ -36,6 +36,7 @@ class SuspectCheck:
                              [b[0] - m for b in stats.sample_max]], np.float64).reshape(2, c)
         self._hi = np.array([[b[1] + m for b in stats.sample_mean],
                              [b[1] + m for b in stats.sample_max]], np.float64).reshape(2, c)
+        self._lo_list, self._hi_list = self._lo.tolist(), self._hi.tolist()
         if c == 1:  # the common grey case in plain floats (cheaper than numpy on 2 values)
             self._flat = (float(self._lo[0, 0]), float(self._hi[0, 0]),
                           float(self._lo[1, 0]), float(self._hi[1, 0]))
@@ -47,13 +48,24 @@ class SuspectCheck:
             top = float(np.maximum.reduce(x, axis=None))
             a, b, c, d = self._flat
             return not (a <= mean <= b and c <= top <= d)
-        v = x.reshape(-1, self.channels)
-        stat = np.stack([v.mean(0), v.max(0)])
-        return bool(((stat < self._lo) | (stat > self._hi)).any())
+        # (issue 34) each channel made contiguous first: a reduction across the interleaved
+        # channels of a 32x32x3 image costs 15-28 us, the transposed copy and two contiguous
+        # reductions ~5 us
+        t = np.ascontiguousarray(x.reshape(-1, self.channels).T)  # [C, H*W]
+        n = t.shape[1]
+        means = (np.add.reduce(t, 1, dtype=np.float64) / n).tolist()
+        tops = np.maximum.reduce(t, 1).tolist()
+        for c, (m, top) in enumerate(zip(means, tops)):
+            if not (self._lo_list[0][c] <= m <= self._hi_list[0][c]
+                    and self._lo_list[1][c] <= top <= self._hi_list[1][c]):
+                return True
+        return False
 
     def batch(self, xs: np.ndarray) -> np.ndarray:
         """``[N]`` bools of raw samples ``[N, H, W, C]`` (or grey ``[N, H, W]``)."""
         per = int(np.prod(xs.shape[1:])) // self.channels  # explicit: N may be 0
-        v = xs.reshape(len(xs), per, self.channels)
-        stat = np.stack([v.mean(1), v.max(1)], 1)  # [N, 2, C]
+        # [N, C, H*W] contiguous, as in one()
+        t = np.ascontiguousarray(xs.reshape(len(xs), per, self.channels).transpose(0, 2, 1))
+        stat = np.stack([np.add.reduce(t, 2, dtype=np.float64) / per,
+                         np.maximum.reduce(t, 2)], 1)  # [N, 2, C]
         return ((stat < self._lo) | (stat > self._hi)).any((1, 2))
