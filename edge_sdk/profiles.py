@@ -128,7 +128,7 @@ def _get(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
-def _thread_key(k: Any, where: str, cores: int) -> int:
+def _thread_key(k: object, where: str, cores: int) -> int:
     try:
         t = int(str(k))
     except ValueError:
@@ -138,15 +138,15 @@ def _thread_key(k: Any, where: str, cores: int) -> int:
     return t
 
 
-def profile_from_dict(d: Any, where: str = "profile") -> DeviceProfile:
+def profile_from_dict(d: object, where: str = "profile") -> DeviceProfile:
     try:
         return _profile_from_dict(d, where)
     except BundleError as e:
         raise ProfileError(str(e)) from None
 
 
-def _profile_from_dict(d: Any, where: str) -> DeviceProfile:
-    d = mapping(d, where)
+def _profile_from_dict(data: object, where: str) -> DeviceProfile:
+    d = mapping(data, where)
     unknown = set(d) - {"schema_version", "name", "description", "cpu", "ram_mb", "throughput",
                         "measured", "sources", "bundle", "host"}
     if unknown:

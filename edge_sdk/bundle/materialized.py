@@ -30,17 +30,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from edge_sdk.bundle.manifest import Configuration, Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
-from edge_sdk.bundle.records import StoreEntry
+from edge_sdk.bundle.records import Recipe, StoreEntry
 from edge_sdk.bundle.slices import _read_once, check_slice, read_slices, verify_bytes
 from edge_sdk.errors import BundleError, EdgeSdkError
 
 if TYPE_CHECKING:  # numpy: imported at run time for store bundles alone
+    from edge_sdk.signing import KeyLike
     from edge_sdk.store.container import Store
 
 __all__ = ["FileSlices", "SliceSource", "StoreSlices", "files_manifest", "layout_of",
@@ -134,7 +135,7 @@ def read_store(bundle_dir: PathLike, manifest: Manifest) -> Store:
                           f"({type(exc).__name__}: {exc})") from None
 
 
-def recipe_fields(recipe: Any) -> tuple[str, int | None, int]:
+def recipe_fields(recipe: Recipe | Mapping[str, Any]) -> tuple[str, int | None, int]:
     """(width key, sample or None, heads) of one materialisation recipe (a record or a dict)."""
     if isinstance(recipe, Mapping):
         return str(recipe["width"]), recipe.get("sample"), int(recipe.get("heads") or 0)
@@ -356,7 +357,8 @@ def files_manifest(manifest: Manifest) -> Manifest:
 
 
 def materialize_bundle(bundle_dir: PathLike, out_dir: PathLike, *, force: bool = False,
-                       key: Any = None, trusted_keys: Any = None
+                       key: KeyLike | None = None,
+                       trusted_keys: Iterable[KeyLike] | KeyLike | None = None
                        ) -> tuple[Path, dict[str, float]]:
     """Write the ``files`` bundle of store bundle ``bundle_dir`` at ``out_dir`` (``edge-sdk
     materialize``): every file materialised once from the verified store and verified (sha256
