@@ -17,7 +17,10 @@ the two complement each other and both make a call abstain (edge_sdk.prediction.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.bundle.stats import InputStats
 
@@ -41,7 +44,7 @@ class SuspectCheck:
             self._flat = (float(self._lo[0, 0]), float(self._hi[0, 0]),
                           float(self._lo[1, 0]), float(self._hi[1, 0]))
 
-    def one(self, x: np.ndarray) -> bool:
+    def one(self, x: npt.NDArray[Any]) -> bool:
         """Whether one raw sample (``[H, W, C]`` or a grey ``[H, W]``) is suspect."""
         if self.channels == 1:
             mean = float(np.add.reduce(x, axis=None)) / x.size
@@ -61,11 +64,12 @@ class SuspectCheck:
                 return True
         return False
 
-    def batch(self, xs: np.ndarray) -> np.ndarray:
+    def batch(self, xs: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
         """``[N]`` bools of raw samples ``[N, H, W, C]`` (or grey ``[N, H, W]``)."""
         per = int(np.prod(xs.shape[1:])) // self.channels  # explicit: N may be 0
         # [N, C, H*W] contiguous, as in one()
         t = np.ascontiguousarray(xs.reshape(len(xs), per, self.channels).transpose(0, 2, 1))
         stat = np.stack([np.add.reduce(t, 2, dtype=np.float64) / per,
                          np.maximum.reduce(t, 2)], 1)  # [N, 2, C]
-        return ((stat < self._lo) | (stat > self._hi)).any((1, 2))
+        # (any over two axes of a 3-D array is an array; asarray returns that very array)
+        return np.asarray(((stat < self._lo) | (stat > self._hi)).any((1, 2)))

@@ -11,8 +11,8 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from edge_sdk.errors import BundleError, DataError, InputSpecError, InputSpecMismatchError
 from edge_sdk.validation import (
@@ -91,6 +91,9 @@ def _to_plain(value: object) -> Any:
 
 
 
+_R = TypeVar("_R", bound="_Record")
+
+
 class _Record:
     """Frozen-dataclass mixin: validate and normalise on construction, dict round trip.
 
@@ -101,8 +104,11 @@ class _Record:
     directly in Python is held to the same rules.
     """
 
+    if TYPE_CHECKING:  # every subclass is a dataclass: what dataclasses.fields() wants
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
     def __post_init__(self) -> None:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, value in self._parse(values, type(self).__name__).items():
             object.__setattr__(self, name, value)
 
@@ -111,10 +117,10 @@ class _Record:
         raise NotImplementedError
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], path: str = ""):
+    def from_dict(cls: type[_R], data: Mapping[str, Any], path: str = "") -> _R:
         """Build from plain data (e.g. parsed YAML); ``path`` prefixes error key paths."""
         data = mapping(data, path)
-        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        names = [f.name for f in fields(cls)]
         unknown = [k for k in data if k not in names]
         if unknown:
             fail(
@@ -123,7 +129,7 @@ class _Record:
                 f"expected keys: {', '.join(names)}",
             )
         values: dict[str, Any] = {}
-        for f in fields(cls):  # type: ignore[arg-type]
+        for f in fields(cls):
             if f.name in data:
                 values[f.name] = data[f.name]
             elif f.default is not MISSING:
@@ -143,10 +149,10 @@ class _Record:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (dicts, lists, scalars) in schema key order; a deep copy."""
-        return {f.name: _to_plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {f.name: _to_plain(getattr(self, f.name)) for f in fields(self)}
 
 
-def _record(cls: type, value: object, path: str) -> Any:
+def _record(cls: type[_R], value: object, path: str) -> _R:
     if isinstance(value, cls):
         return value
     if isinstance(value, Mapping):
@@ -182,7 +188,8 @@ class StoreEntry(FileEntry):
     _suffix = STORE_SUFFIX
 
 
-def file_entry(name: str, data: bytes | bytearray | memoryview, cls: type | None = None
+def file_entry(name: str, data: bytes | bytearray | memoryview,
+               cls: type[FileEntry] | None = None
                ) -> FileEntry:
     """The :class:`FileEntry` (a ``*.bin`` name, or ``cls=StoreEntry``: the
     :class:`StoreEntry`) for ``data`` stored under ``name`` (computes sha256 and size)."""
