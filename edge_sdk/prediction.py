@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Callable, NamedTuple, NoReturn
+from typing import Any, Callable, Generic, NamedTuple, NoReturn, TypeVar, overload
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class Prediction:
     # or load(input_check=False)
     input_suspect: bool | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values (JSON-ready: ``probs`` a list of floats)."""
         d = {f: getattr(self, f) for f in _FIELDS}
         d["probs"] = self.probs.tolist()
@@ -124,14 +124,14 @@ def probabilities(c: Configuration, logits: np.ndarray
     z = logits.astype(np.float64)
     z *= inv_t
     z -= float(_MAXR(z, axis=None))
-    e = np.exp(z)
-    s = _ADDR(e, 1)
-    e /= s[:, None]  # p_s, [S, C]
-    expected = (sum(np.log(s).tolist()) - float(np.vdot(e, z))) / rows
+    ez = np.exp(z)
+    s = _ADDR(ez, 1)
+    ez /= s[:, None]  # p_s, [S, C]
+    expected = (sum(np.log(s).tolist()) - float(np.vdot(ez, z))) / rows
     if not math.isfinite(expected):
         probs, entropy, mi = _rows_exact(c, logits)
     else:
-        probs = (_ADDR(e, 0) * (1.0 / rows)).tolist()
+        probs = (_ADDR(ez, 0) * (1.0 / rows)).tolist()
         entropy = -sum([v * math.log(v) for v in probs if v > 0.0])
         if not math.isfinite(sum(probs)):
             _non_finite(c, logits)
@@ -168,12 +168,17 @@ def _non_finite(c: Configuration, logits: np.ndarray) -> NoReturn:
                       f"{c.temperature:g}): its slice or manifest is broken; refusing to answer")
 
 
+# a Draft's probabilities: a list (one sample, :func:`draft`) or a read-only row (a batch,
+# :func:`draft_batch`)
+P = TypeVar("P", list[float], np.ndarray)
+
+
 @dataclass
-class Draft:
+class Draft(Generic[P]):
     """An answer before the call's end-to-end time is known (a cascade's stages)."""
 
     config: Configuration
-    probs: list[float] | np.ndarray  # a list (one sample) or a read-only row (a batch)
+    probs: P
     entropy: float
     mutual_info: float
     label: int
@@ -184,7 +189,7 @@ class Draft:
     input_suspect: bool | None = None
 
 
-def draft(c: Configuration, logits: np.ndarray) -> Draft:
+def draft(c: Configuration, logits: np.ndarray) -> Draft[list[float]]:
     return Draft(c, *probabilities(c, logits))
 
 
@@ -248,15 +253,16 @@ def batch_entropy(bp: BatchProbs) -> tuple[np.ndarray, np.ndarray]:
     """(predictive entropy [n], mutual information [n]) of :func:`batch_probabilities`."""
     p = bp.probs
     entropy = np.maximum(-(p * np.log(np.where(p > 0, p, 1.0))).sum(-1), 0.0)
-    if bp.p_s is None:
+    p_s, z, s = bp.p_s, bp.z, bp.s
+    if p_s is None or z is None or s is None:  # (all set, or none)
         mi = np.zeros(len(p))
     else:
-        expected = (np.log(bp.s) - (bp.p_s * bp.z).sum(-1)).mean(-1)
+        expected = (np.log(s) - (p_s * z).sum(-1)).mean(-1)
         mi = np.maximum(entropy - expected, 0.0)
     return entropy, mi
 
 
-def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft]:
+def draft_batch(c: Configuration, logits: np.ndarray) -> list[Draft[np.ndarray]]:
     """:func:`draft` of every sample of ``[n, S, C]`` logits (a cascade's stages)."""
     bp = batch_probabilities(c, logits)
     entropy, mi = batch_entropy(bp)
@@ -301,7 +307,7 @@ def answer(c: Configuration, labels: Sequence[str], probs: list[float] | np.ndar
     return p
 
 
-def finish(d: Draft, labels: Sequence[str], target: str, latency_ms: float,
+def finish(d: Draft[list[float]] | Draft[np.ndarray], labels: Sequence[str], target: str, latency_ms: float,
            invoke_ms: float, met: bool, batch_size: int = 1, abstain_on_ood: bool = True
            ) -> Prediction:
     """The :class:`Prediction` of a draft, with the default abstention rule
@@ -314,7 +320,7 @@ def finish(d: Draft, labels: Sequence[str], target: str, latency_ms: float,
                   d.prediction_set, d.input_suspect)
 
 
-class BatchPrediction(Sequence):
+class BatchPrediction(Sequence[Prediction]):
     """What ``predict_batch`` answers: the batch as read-only numpy arrays, as LiteRT and
     torch-uncertainty hand them back — ``labels [N]``, ``confidence [N]``, ``probs [N, C]``,
     ``abstain [N]``, ``entropy [N]``, ``mutual_info [N]``, and (None without the statistics
@@ -336,19 +342,21 @@ class BatchPrediction(Sequence):
         self.probs = _readonly(np.asarray([p.probs for p in ps], np.float64)
                          .reshape(n, classes))  # one copy: a cascade mixes stages' rows
         self.abstain = _readonly(np.fromiter((p.abstain for p in ps), bool, n))
-        self._entropy = _readonly(np.fromiter((p.entropy for p in ps), np.float64, n))
-        self._mi = _readonly(np.fromiter((p.mutual_info for p in ps), np.float64, n))
+        self._entropy: np.ndarray | None = _readonly(
+            np.fromiter((p.entropy for p in ps), np.float64, n))
+        self._mi: np.ndarray | None = _readonly(np.fromiter((p.mutual_info for p in ps), np.float64, n))
         self._bp: BatchProbs | None = None
         scored = n > 0 and all(p.ood_score is not None for p in ps)
         self.ood_score = _readonly(np.fromiter((p.ood_score for p in ps), np.float64, n)) \
             if scored else None
         self.in_distribution = _readonly(np.fromiter((p.in_distribution for p in ps), bool, n)) \
             if scored else None
-        self.prediction_sets = None
+        self.prediction_sets: np.ndarray | None = None
         if n and all(p.prediction_set is not None for p in ps):
             mask = np.zeros((n, classes), bool)
             for i, p in enumerate(ps):
-                mask[i, list(p.prediction_set)] = True
+                if p.prediction_set is not None:  # (all are)
+                    mask[i, list(p.prediction_set)] = True
             self.prediction_sets = _readonly(mask)
         self.input_suspect = _readonly(np.fromiter((p.input_suspect for p in ps), bool, n)) \
             if n and all(p.input_suspect is not None for p in ps) else None
@@ -388,26 +396,37 @@ class BatchPrediction(Sequence):
     @property
     def entropy(self) -> np.ndarray:
         """Predictive entropy ``[N]`` (nats), computed on first read."""
-        if self._entropy is None:
-            self._entropy, self._mi = map(_readonly, batch_entropy(self._bp))
-        return self._entropy
+        return self._entropies()[0]
 
     @property
     def mutual_info(self) -> np.ndarray:
         """Mutual information ``[N]`` (0 for point configurations), computed on first read."""
-        if self._mi is None:
-            self.entropy
-        return self._mi
+        return self._entropies()[1]
+
+    def _entropies(self) -> tuple[np.ndarray, np.ndarray]:
+        entropy, mi = self._entropy, self._mi
+        if entropy is None or mi is None:  # of_one's batch: from its BatchProbs
+            bp = self._bp
+            assert bp is not None  # (set by of_one, the only place these start as None)
+            entropy, mi = map(_readonly, batch_entropy(bp))
+            self._entropy, self._mi = entropy, mi
+        return entropy, mi
 
     def _list(self) -> list[Prediction]:
         if self._preds is None:
-            self._preds = [self._make(i) for i in range(self._n)]
+            make = self._make
+            assert make is not None  # (of_one sets it with _preds None)
+            self._preds = [make(i) for i in range(self._n)]
         return self._preds
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> Prediction: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Prediction]: ...
+    def __getitem__(self, i: int | slice) -> Prediction | list[Prediction]:
         return self._list()[i]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Prediction]:
         return iter(self._list())
 
     def __len__(self) -> int:
@@ -423,10 +442,11 @@ class BatchPrediction(Sequence):
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking container, like a list
 
-    def __add__(self, other):  # list + batch and batch + list, as with the list it was
+    def __add__(self, other: Iterable[Prediction]) -> list[Prediction]:
+        # list + batch and batch + list, as with the list it was
         return self._list() + list(other)
 
-    def __radd__(self, other):
+    def __radd__(self, other: Iterable[Prediction]) -> list[Prediction]:
         return list(other) + self._list()
 
     def __repr__(self) -> str:

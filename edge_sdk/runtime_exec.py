@@ -9,10 +9,14 @@ never pushes a configuration out of its budget.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, cast
+
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import AllocationError, BundleError, EdgeSdkError
-from edge_sdk.policy import Budget, Stage
+from edge_sdk.budget import Budget
+from edge_sdk.policy import Stage
 from edge_sdk.bundle import Configuration
 from edge_sdk.prediction import (
     BatchPrediction,
@@ -27,17 +31,51 @@ from edge_sdk.prediction import (
 )
 from edge_sdk.uncertainty import cascade_key
 
+if TYPE_CHECKING:
+    import threading
+
+    from edge_sdk.bundle import Manifest
+    from edge_sdk.policy import Policy
+    from edge_sdk.uncertainty import Uncertainty
+
+# One interpreter of a slice: (the backend's interpreter, its input and output tensor indices).
+# The interpreters come from the backend by name (no stubs), hence Any.
+Interp = tuple[Any, int, int]
+Logits = npt.NDArray[np.float32]
+
 _RESIZE_ERRORS = (RuntimeError, ValueError)  # what LiteRT raises for a batch it cannot take
 
 
 class Executor:
+    # What EdgeModel sets (declared for the checker; no class attributes at run time).
+    manifest: Manifest
+    policy: Policy
+    alpha: float
+    conformal: str
+    abstain_on_ood: bool
+    _unc: Uncertainty | None
+    _unc_width: dict[str, str]
+    _feat: dict[str, int]
+    _qhats: dict[tuple[str, float], float | None]
+    _classes: int
+    _labels: tuple[str, ...]
+    _target_key: str
+    _clock: Callable[[], float]
+    _local: threading.local
+    _lock: threading.Lock
+    _batchable: dict[str, bool]
+
+    if TYPE_CHECKING:
+        def _resident(self, c: Configuration, n: int = 1) -> tuple[list[Interp], float]: ...
+
     # ---- uncertainty (issue 33) ------------------------------------------------------------
-    def _feature_index(self, c, it) -> int:
+    def _feature_index(self, c: Configuration, it: Any) -> int:
         """The tensor index of ``c``'s features output (its slice's second output), looked up
         once and checked against the statistics' dimension."""
         fi = self._feat.get(c.id)
         if fi is None:
             outs = it.get_output_details()
+            assert self._unc is not None  # only asked for with the bundle's OOD statistics
             dim = self._unc.widths[self._unc_width[c.id]].dim
             if len(outs) < 2 or int(outs[1]["shape"][-1]) != dim:
                 got = "no second output" if len(outs) < 2 else \
@@ -54,36 +92,45 @@ class Executor:
             q = self._qhats[(key, a)] = self._unc.qhat(key, self.conformal, a)
         return q
 
-    def _uncertain(self, c: Configuration, probs: list[float] | np.ndarray, interps: list,
+    def _uncertain(self, c: Configuration, probs: list[float], interps: list[Interp],
                    key: str, alpha: float | None, probe: bool = False
                    ) -> tuple[float | None, bool | None, tuple[int, ...] | None]:
         """(OOD score of the answering slice's features, in distribution, conformal set at
         the quantile of ``key``: the configuration, or the cascade plan that answered).
         ``probe``: zero features, to measure the cost (load time)."""
-        score = ind = pset = None
+        score: float | None = None
+        ind: bool | None = None
+        pset: tuple[int, ...] | None = None
+        unc = self._unc
+        if unc is None:  # callers ask only with the bundle's statistics
+            return score, ind, pset
         wk = self._unc_width.get(c.id)
         if wk is not None:
+            f: npt.NDArray[np.float32]
             if probe:
-                f = np.zeros(self._unc.widths[wk].dim, np.float32)
+                f = np.zeros(unc.widths[wk].dim, np.float32)
             else:
                 it = interps[0][0]
                 f = it.get_tensor(self._feature_index(c, it))
-            score = self._unc.score_one(wk, f)
-            ind = score <= self._unc.widths[wk].threshold
+            score = unc.score_one(wk, f)
+            ind = score <= unc.widths[wk].threshold
         q = self._qhat(key, alpha)
         if q is not None:
-            pset = self._unc.set_one(probs, q, self.conformal)
+            pset = unc.set_one(probs, q, self.conformal)
         return score, ind, pset
 
-    def _uncertain_batch(self, ds: list[Draft], interps_feats, keys: list[str],
-                         alpha: float | None) -> None:
+    def _uncertain_batch(self, ds: list[Draft[np.ndarray]], interps_feats: npt.NDArray[np.float32] | None,
+                         keys: list[str], alpha: float | None) -> None:
         """:meth:`_uncertain` for a stage's drafts; ``interps_feats``: their features [n, D]
         (None for a configuration without a score)."""
         c = ds[0].config
+        unc = self._unc
+        if unc is None:  # called only with the bundle's statistics
+            return
         wk = self._unc_width.get(c.id)
         if wk is not None and interps_feats is not None:
-            scores = self._unc.score(wk, interps_feats)
-            thr = self._unc.widths[wk].threshold
+            scores = unc.score(wk, interps_feats)
+            thr = unc.widths[wk].threshold
             for d, s in zip(ds, scores.tolist()):
                 d.ood_score, d.in_distribution = s, s <= thr
         by_key: dict[str, list[int]] = {}
@@ -93,22 +140,24 @@ class Executor:
             q = self._qhat(k, alpha)
             if q is None:
                 continue
-            mask = self._unc.set_mask(np.asarray([ds[i].probs for i in idx]), q, self.conformal)
+            mask = unc.set_mask(np.asarray([ds[i].probs for i in idx]), q, self.conformal)
             for i, row in zip(idx, mask):
                 ds[i].prediction_set = tuple(np.flatnonzero(row).tolist())
 
     # ---- execution -------------------------------------------------------------------------
-    def _invoke(self, interps: list, x: np.ndarray) -> tuple[np.ndarray, float]:
+    def _invoke(self, interps: list[Interp], x: npt.NDArray[np.float32]
+                ) -> tuple[Logits, float]:
         """Logits ``[rows, C]`` of batch-1 input ``x`` and the interpreter's wall time (ms)."""
         classes = self._classes
         t0 = self._clock()
+        logits: Logits
         if len(interps) == 1:  # point and head: one invoke
             it, inp, out = interps[0]
             it.set_tensor(inp, x)
             it.invoke()
             logits = it.get_tensor(out).reshape(-1, classes)
         else:
-            rows = []
+            rows: list[Logits] = []
             for it, inp, out in interps:
                 it.set_tensor(inp, x)
                 it.invoke()
@@ -116,12 +165,12 @@ class Executor:
             logits = np.concatenate(rows, 0)
         return logits, (self._clock() - t0) * 1000
 
-    def _met(self, configs, budget: Budget, latency_ms: float) -> bool:
+    def _met(self, configs: list[Configuration], budget: Budget, latency_ms: float) -> bool:
         if budget.latency_ms is not None and latency_ms > budget.latency_ms:
             return False
         return all(self.policy.fits_memory(c, budget) for c in configs)
 
-    def _learn(self, times: list, total: float, built: float, n: int = 1) -> None:
+    def _learn(self, times: list[tuple[Configuration, float]], total: float, built: float, n: int = 1) -> None:
         """Observe each stage's end-to-end share: its own time plus the call's fixed part
         (input checks, planning), without building/resizing time."""
         fixed = max(total - built - sum(t for _, t in times), 0.0)
@@ -129,7 +178,7 @@ class Executor:
             for c, t in times:
                 self.policy.observe(c.id, t + fixed, n)
 
-    def _execute_one(self, xn: np.ndarray, stages: tuple[Stage, ...], budget: Budget,
+    def _execute_one(self, xn: npt.NDArray[np.float32], stages: tuple[Stage, ...], budget: Budget,
                      t0: float, alpha: float | None = None, suspect: bool | None = None
                      ) -> Prediction:
         clock = self._clock
@@ -141,7 +190,7 @@ class Executor:
                 i0 = clock()
                 it.set_tensor(inp, xn)
                 it.invoke()
-                logits = it.get_tensor(out)
+                logits: Logits = it.get_tensor(out)
                 invoke = (clock() - i0) * 1000
                 logits = logits.reshape(-1, self._classes)
             else:
@@ -162,7 +211,7 @@ class Executor:
             return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
                           invoke, met, 1, ood, ind, pset, suspect)
         built = invoke = 0.0
-        times = []
+        times: list[tuple[Configuration, float]] = []
         cut = False
         for i, st in enumerate(stages):
             s0 = clock()
@@ -189,27 +238,31 @@ class Executor:
         return finish(d, self._labels, self._target_key, total, invoke, met,
                       abstain_on_ood=self.abstain_on_ood)
 
-    def _set_key(self, stages: tuple[Stage, ...], answered, cut: bool) -> str:
+    def _set_key(self, stages: tuple[Stage, ...], answered: Configuration, cut: bool) -> str:
         """Whose conformal quantile a staged answer uses. A two-stage plan that ran as
         planned (the first stage confident, or the second answering) mixes two
         configurations by the input's confidence: its own quantile, calibrated on that very
         mixture, keeps coverage >= 1 - alpha. A plan cut short by the budget (the time left,
         not the input, decided) and the width climb of bundles without plans: the answering
         configuration's own quantile."""
-        if len(stages) == 2 and not cut:
+        unc = self._unc
+        if len(stages) == 2 and not cut and unc is not None:  # unc: asked only with statistics
             key = cascade_key(stages[0].config.id, stages[1].config.id)
-            if key in self._unc.quantiles:
+            if key in unc.quantiles:
                 return key
         return answered.id
 
-    def _features(self, c, interps, n: int) -> np.ndarray | None:
+    def _features(self, c: Configuration, interps: list[Interp], n: int
+                  ) -> npt.NDArray[np.float32] | None:
         """``c``'s features ``[n, D]`` after an invoke (None: no OOD score for ``c``)."""
         if self._unc is None or c.id not in self._unc_width:
             return None
         it = interps[0][0]
-        return it.get_tensor(self._feature_index(c, it)).reshape(n, -1).copy()
+        f: npt.NDArray[np.float32] = it.get_tensor(self._feature_index(c, it)).reshape(n, -1).copy()
+        return f
 
-    def _run_batch(self, c, xb: np.ndarray) -> tuple[np.ndarray, float, float, np.ndarray | None]:
+    def _run_batch(self, c: Configuration, xb: npt.NDArray[np.float32]
+                   ) -> tuple[Logits, float, float, npt.NDArray[np.float32] | None]:
         """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None)
         of ``n`` normalised samples:
         one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
@@ -232,7 +285,7 @@ class Executor:
                     self._local.cache.pop(f.name, None)
             else:
                 t0 = self._clock()
-                outs = []
+                outs: list[Logits] = []
                 for it, inp, out in interps:
                     it.set_tensor(inp, xb)
                     it.invoke()
@@ -241,16 +294,19 @@ class Executor:
                 return (outs[0] if len(outs) == 1 else np.concatenate(outs, 1)), ms, built, \
                     self._features(c, interps, n)
         interps, built = self._resident(c, 1)
-        rows, feats, ms = [], [], 0.0
+        rows: list[Logits] = []
+        feats: list[npt.NDArray[np.float32] | None] = []
+        ms = 0.0
         for i in range(n):
             logits, m = self._invoke(interps, xb[i:i + 1])
             rows.append(logits)
             feats.append(self._features(c, interps, 1))
             ms += m
         return np.stack(rows), ms, built, \
-            None if feats[0] is None else np.concatenate(feats)
+            None if feats[0] is None else \
+            np.concatenate(cast("list[npt.NDArray[np.float32]]", feats))  # all or none have
 
-    def _execute_batch(self, xn: np.ndarray, stages: tuple[Stage, ...], budget: Budget,
+    def _execute_batch(self, xn: npt.NDArray[np.float32], stages: tuple[Stage, ...], budget: Budget,
                        t0: float, alpha: float | None = None,
                        suspect: np.ndarray | None = None) -> BatchPrediction:
         """One plan for the whole batch: each stage runs on the samples still pending (a
@@ -283,10 +339,10 @@ class Executor:
             met = self._met([c], budget, total)
             return BatchPrediction.of_one(c, self._labels, bp, abstain, total, invoke, met,
                                           ood, ind, sets, suspect)
-        drafts: list[Draft | None] = [None] * n
+        drafts: list[Draft[np.ndarray] | None] = [None] * n
         pending = np.arange(n)
         built = invoke = 0.0
-        times = []
+        times: list[tuple[Configuration, float]] = []
         for i, st in enumerate(stages):
             s0 = clock()
             logits, ms, b, feats = self._run_batch(st.config, xn[pending])
@@ -297,10 +353,11 @@ class Executor:
             invoke += ms
             last = st.accept is None or (budget.latency_ms is not None and (
                 (s1 - t0) * 1000 - built + stages[i + 1].predicted_ms > budget.latency_ms))
-            rest = []
-            done = []  # (index in ds, the conformal quantile's key)
+            rest: list[np.intp] = []
+            done: list[tuple[int, str]] = []  # (index in ds, the conformal quantile's key)
+            acc = st.accept
             for k, (j, d) in enumerate(zip(pending, ds)):
-                if last or d.confidence >= st.accept:
+                if last or acc is None or d.confidence >= acc:
                     drafts[j] = d
                     if suspect is not None:
                         d.input_suspect = bool(suspect[j])
@@ -321,4 +378,5 @@ class Executor:
             self._learn(times, total, built, n)
         met = self._met([c for c, _ in times], budget, total)
         return BatchPrediction([finish(d, self._labels, self._target_key, total, invoke, met,
-                                       n, self.abstain_on_ood) for d in drafts], self._classes)
+                                       n, self.abstain_on_ood) for d in drafts if d is not None],
+                               self._classes)  # (every sample has its draft by the last stage)

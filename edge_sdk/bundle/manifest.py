@@ -106,8 +106,8 @@ class Configuration(_Record):
     width: float
     scope: str
     samples: int
-    # parsed: FileEntry records; written by a layout-store manifest as names of its slices
-    files: tuple[FileEntry | str, ...]
+    # parsed: FileEntry records (a layout-store manifest writes their names, in to_dict only)
+    files: tuple[FileEntry, ...]
     invokes: int
     output: OutputSpec
     temperature: float
