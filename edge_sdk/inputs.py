@@ -6,10 +6,17 @@ Every refusal is an :class:`InputError` naming what was wrong and what was expec
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.errors import InputError
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle import InputSpec
+
+Normalised = npt.NDArray[np.float32]
 
 _UINT8 = np.dtype(np.uint8)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # arr.min() adds a Python wrapper's call
@@ -18,17 +25,17 @@ _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # arr.min() adds a Python wra
 class InputChecker:
     """Validates and normalises samples for one bundle's input spec."""
 
-    def __init__(self, spec):
+    def __init__(self, spec: InputSpec) -> None:
         std = np.asarray(spec.std, np.float32)
         self._scale = (1.0 / std).astype(np.float32)  # (raw - mean) / std as one multiply-add
         self._shift = (-np.asarray(spec.mean, np.float32) / std).astype(np.float32)
-        self.want = tuple(spec.shape[1:])
+        self.want: tuple[int, ...] = tuple(spec.shape[1:])
         # (issue 34) the per-channel scale and shift spread over a whole sample: broadcasting
         # a 3-channel vector makes numpy run its inner loop 3 elements at a time (11 us for a
         # 32x32x3 image, 2.5 us contiguous)
         self._scale = np.ascontiguousarray(np.broadcast_to(self._scale, self.want))
         self._shift = np.ascontiguousarray(np.broadcast_to(self._shift, self.want))
-        self.grey = self.want[:2] if self.want[2] == 1 else None  # [H, W] is accepted too
+        self.grey: tuple[int, ...] | None = self.want[:2] if self.want[2] == 1 else None  # [H, W] is accepted too
         self.dtype = spec.dtype
         self.range = lo, hi = spec.value_range
         self._lo = lo - 1e-6 * max(1.0, abs(lo))
@@ -47,7 +54,7 @@ class InputChecker:
         return f"[{lead}{', '.join(map(str, self.grey))}] for " + ("grey images" if n else
                                                                    "a grey image")
 
-    def _array(self, x, what: str, n: str | None) -> np.ndarray:
+    def _array(self, x: npt.ArrayLike, what: str, n: str | None) -> npt.NDArray[Any]:
         """``x`` as an ndarray; ``n``: the batch axis' name in messages (None: one sample)."""
         if isinstance(x, np.ma.MaskedArray):
             shape = self._shape() if n is None else self._shape(n)
@@ -62,7 +69,7 @@ class InputChecker:
             raise InputError(f"{what} must be an array of shape {shape}; got something that is "
                              f"not array-like ({e})") from e
 
-    def _values(self, arr: np.ndarray, what: str) -> np.ndarray:
+    def _values(self, arr: npt.NDArray[Any], what: str) -> Normalised:
         dt = arr.dtype
         if dt is _UINT8 and self._any_uint8:  # the common case of uint8 bundles, kept lean
             return arr * self._scale + self._shift
@@ -85,7 +92,7 @@ class InputChecker:
                              f"(before normalisation), got [{lo:g}, {hi:g}]")
         return (arr * self._scale + self._shift).astype(np.float32, copy=False)
 
-    def one(self, x, what: str = "x") -> np.ndarray:
+    def one(self, x: npt.ArrayLike, what: str = "x") -> Normalised:
         """One sample -> normalised float32 ``[1, H, W, C]``."""
         if type(x) is np.ndarray and x.shape == self.want:  # the common case, kept lean
             return self._values(x, what)[None]
@@ -103,12 +110,12 @@ class InputChecker:
                                  f"{grey}), got {list(arr.shape)}")
         return self._values(arr, what)[None]
 
-    def is_batch(self, shape: tuple) -> bool:
+    def is_batch(self, shape: tuple[int, ...]) -> bool:
         return (len(shape) == len(self.want) + 1 and tuple(shape[1:]) == self.want) or (
             self.grey is not None and len(shape) == 3 and tuple(shape[1:]) == self.grey
             and tuple(shape) != self.want)
 
-    def batch(self, xs, what: str = "xs") -> np.ndarray:
+    def batch(self, xs: npt.ArrayLike, what: str = "xs") -> Normalised:
         """``N`` samples -> normalised float32 ``[N, H, W, C]``."""
         arr = self._array(xs, what, "N")
         if self.grey is not None and arr.ndim == 3 and arr.shape[1:] == self.grey:

@@ -16,20 +16,21 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_sdk.backends import check_bundle, interpreter_class
-from edge_sdk.budget import MAX_MEMORY_MB, bounded_number
-from edge_sdk.bundle import Configuration, Manifest, read_manifest
+from edge_sdk.budget import MAX_MEMORY_MB, Budget, MemoryProbe, bounded_number, check_budget
+from edge_sdk.bundle import Configuration, FileEntry, InputSpec, Manifest, read_manifest
 from edge_sdk.validation import show
 from edge_sdk.bundle.materialized import SliceSource, open_slices
 from edge_sdk.errors import BudgetError, ConfigError, ProfileError
 from edge_sdk.explain import ExplainRow, Explanation
 from edge_sdk.input_stats import SuspectCheck
 from edge_sdk.inputs import InputChecker
-from edge_sdk.policy import MODES, Budget, MemoryProbe, Policy, Stage, check_budget
+from edge_sdk.policy import MODES, Policy, Stage
 from edge_sdk.bundle import width_key
 from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
@@ -38,14 +39,21 @@ from edge_sdk.prediction import BatchPrediction, Prediction, answer, draft, fini
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
-from edge_sdk.runtime_exec import Executor
+from edge_sdk.runtime_exec import Executor, Interp
+
+if TYPE_CHECKING:
+    from edge_sdk.signing import KeyLike
+
+# this thread's resident interpreters: file name -> [its interpreter, the batch it is sized to]
+Cache = OrderedDict[str, list[Any]]
 
 __all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
 POLICIES = MODES
 MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
 
 
-def _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb) -> None:
+def _check_args(profile: object, threads: object, policy: object, target_accuracy: object,
+                strict: object, memory_cap_mb: object) -> None:
     """load()'s arguments, typed before the bundle is read."""
     if profile is not None and not isinstance(profile, (str, os.PathLike)):
         raise ProfileError(f"profile must be 'auto', a built-in profile name, a YAML path or "
@@ -71,16 +79,17 @@ class EdgeModel(Executor):
     are not thread-safe), created lazily, warmed up by one invoke, and kept resident up to
     ``memory_cap_mb`` per thread."""
 
-    def __init__(self, bundle_dir: str | Path, *, profile: str | os.PathLike | None = "auto",
+    def __init__(self, bundle_dir: str | os.PathLike[str], *,
+                 profile: str | os.PathLike[str] | None = "auto",
                  threads: int | None = None,
                  target_accuracy: float = 0.95, policy: str = "best", strict: bool = False,
                  memory_reader: Callable[[], float] | None = None,
                  memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  backend: str | None = None, hysteresis: float = 0.1,
                  half_life_s: float = 10.0, half_life_calls: int = 200,
-                 trusted_keys=None, uncertainty: bool = True, alpha: float = 0.1,
+                 trusted_keys: Iterable[KeyLike] | KeyLike | None = None, uncertainty: bool = True, alpha: float = 0.1,
                  conformal: str = "lac", abstain_on_ood: bool = True,
-                 input_check: bool = True):
+                 input_check: bool = True) -> None:
         _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
         for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
                         ("input_check", input_check)):
@@ -160,7 +169,8 @@ class EdgeModel(Executor):
         self._pinned_stages: dict[str, Stage] = {}  # config_id -> its one-stage plan
         self._recorder: TraceRecorder | None = None
 
-    def _priors(self, profile) -> tuple[DeviceProfile | None, str, dict[str, float]]:
+    def _priors(self, profile: str | os.PathLike[str] | None
+                ) -> tuple[DeviceProfile | None, str, dict[str, float]]:
         """Interpreter latency believed per configuration before this process has measured it.
 
         "auto": the measured profile ``edge-sdk profile`` cached for this bundle on this host,
@@ -179,8 +189,9 @@ class EdgeModel(Executor):
         else:
             prof = load_profile(profile)
         if prof.bundle_sha256 == sha:
-            measured = {c.id: prof.measured_latency_ms(c.id, self.threads) for c in configs}
-            if all(v is not None for v in measured.values()):
+            got = {c.id: prof.measured_latency_ms(c.id, self.threads) for c in configs}
+            measured = {k: v for k, v in got.items() if v is not None}
+            if len(measured) == len(got):  # every configuration measured
                 return prof, f"measured profile {prof.name}", measured
         return prof, f"profile {prof.name} (MACs estimate)", {
             c.id: prof.estimate_ms(c.macs, c.invokes, self.threads, c.weights) for c in configs}
@@ -218,10 +229,11 @@ class EdgeModel(Executor):
         """config id -> width key of its OOD statistics: the point and head configurations
         (the head scope runs the point backbone); BundleError when the file lacks a width or a
         configuration the manifest has."""
-        if self._unc is None:
+        entry = self.manifest.uncertainty
+        if self._unc is None or entry is None:  # (the statistics come from that entry)
             return {}
         out = {}
-        where = f"{self.bundle_dir}: {self.manifest.uncertainty.name}"
+        where = f"{self.bundle_dir}: {entry.name}"
         for c in self.manifest.configurations:
             if c.id not in self._unc.quantiles:
                 raise BundleError(f"{where}: no conformal quantiles for configuration "
@@ -242,7 +254,7 @@ class EdgeModel(Executor):
         return self._unc
 
     @property
-    def input_spec(self):
+    def input_spec(self) -> InputSpec:
         return self.manifest.input
 
     @property
@@ -266,7 +278,7 @@ class EdgeModel(Executor):
         first-use cost; empty for a files bundle (read and verified at load)."""
         return dict(getattr(self._slices, "materialize_ms", {}))
 
-    def predict(self, x, budget: Budget | None = None, *, config_id: str | None = None,
+    def predict(self, x: npt.ArrayLike, budget: Budget | None = None, *, config_id: str | None = None,
                 alpha: float | None = None) -> Prediction:
         """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
         also takes ``[H, W]``). ``budget``: an :class:`edge_sdk.Budget` for this call (None:
@@ -279,9 +291,9 @@ class EdgeModel(Executor):
         if alpha is not None:
             check_alpha(alpha)
         xn = self._inputs.one(x)
-        sus = self._suspect
-        if sus is not None:
-            sus = sus.one(x if type(x) is np.ndarray else np.asarray(x))
+        chk = self._suspect
+        sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
+        stages: tuple[Stage, ...]
         if config_id is not None:
             stages = (self._pinned(config_id, budget, 1),)
         else:
@@ -292,7 +304,7 @@ class EdgeModel(Executor):
             self._recorder.add((p,), budget)
         return p
 
-    def predict_batch(self, xs, budget: Budget | None = None, *,
+    def predict_batch(self, xs: npt.ArrayLike, budget: Budget | None = None, *,
                       config_id: str | None = None, alpha: float | None = None
                       ) -> BatchPrediction:
         """``N`` samples ``[N, *input.shape[1:]]`` under one decision and one per-batch budget:
@@ -309,6 +321,7 @@ class EdgeModel(Executor):
         xn = self._inputs.batch(xs)
         n = len(xn)
         sus = None if self._suspect is None else self._suspect.batch(np.asarray(xs))
+        stages: tuple[Stage, ...]
         if config_id is not None:
             stages = (self._pinned(config_id, budget, n),)
         else:
@@ -346,7 +359,8 @@ class EdgeModel(Executor):
         return Explanation(budget.latency_ms, budget.memory_mb, limit, self.policy_name,
                            chosen.id, plan.fits, plan.reason, tuple(rows))
 
-    def warm_up(self, budget: Budget | None = None, config_ids=None) -> dict[str, float]:
+    def warm_up(self, budget: Budget | None = None, config_ids: Iterable[str] | None = None
+                ) -> dict[str, float]:
         """Build (and warm) in this thread the interpreters a call under ``budget`` would run
         now (or those of ``config_ids``), so no call pays their first-use cost; returns it,
         ms per configuration built."""
@@ -358,7 +372,7 @@ class EdgeModel(Executor):
             configs = [self._config(cid) for cid in config_ids]
         return {c.id: self._resident(c, 1)[1] for c in configs}
 
-    def record(self, path: str | os.PathLike, phase: str = "live",
+    def record(self, path: str | os.PathLike[str], phase: str = "live",
                flush_every: int = 1000) -> TraceRecorder:
         """Record every prediction from now on into ``path`` (the demo's trace format, for
         ``edge-sdk report BUNDLE --trace path``). Use as a context manager or ``close()`` it."""
@@ -376,13 +390,13 @@ class EdgeModel(Executor):
                 self._recorder = None
 
     # ---- internals -------------------------------------------------------------------------
-    def _config(self, config_id) -> Configuration:
+    def _config(self, config_id: object) -> Configuration:
         if not isinstance(config_id, str):
             raise ConfigError(f"config_id must be a configuration id (a string: "
                               f"{', '.join(self._configs)}), got {type(config_id).__name__}")
         return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
 
-    def _pinned(self, config_id, budget: Budget, n: int) -> Stage:
+    def _pinned(self, config_id: str, budget: Budget, n: int) -> Stage:
         stage = self._pinned_stages.get(config_id) if type(config_id) is str else None
         if stage is None:
             stage = self._pinned_stages[config_id] = Stage(self._config(config_id), None, 0.0)
@@ -391,7 +405,7 @@ class EdgeModel(Executor):
                 self.policy.check_pinned(stage.config, budget, n)
         return stage
 
-    def _prepare(self, x, what: str = "x") -> np.ndarray:
+    def _prepare(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
         """One sample checked and normalised, ``[1, H, W, C]`` float32 (benchmarks, tests)."""
         return self._inputs.one(x, what)
 
@@ -401,11 +415,12 @@ class EdgeModel(Executor):
         return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met,
                       abstain_on_ood=self.abstain_on_ood)
 
-    def _build(self, c: Configuration, files=None) -> list:
+    def _build(self, c: Configuration, files: Sequence[FileEntry] | None = None
+               ) -> list[Interp]:
         """The interpreters of ``c``'s files (``files``: only those), created and allocated:
         ``[(interpreter, input index, output index)]`` per file. A store bundle's slice is
         materialised and verified here if it is not resident (part of the first-use cost)."""
-        interps = []
+        interps: list[Interp] = []
         for f in c.files if files is None else files:
             # verified bytes only: read and checked at load(), or materialised and checked
             it = self._interp_cls(model_content=self._slices[f.name], num_threads=self.threads,
@@ -416,7 +431,7 @@ class EdgeModel(Executor):
                             it.get_output_details()[0]["index"]))
         return interps
 
-    def _interpreters(self, c: Configuration) -> list:
+    def _interpreters(self, c: Configuration) -> list[Interp]:
         """``c``'s interpreters for this thread at batch 1 (benchmarks)."""
         return self._resident(c, 1)[0]
 
@@ -431,17 +446,18 @@ class EdgeModel(Executor):
                 shares.setdefault(f.name, self.policy.memory_need_mb(c) * f.bytes / total)
         return shares
 
-    def _resident(self, c: Configuration, n: int = 1) -> tuple[list, float]:
+    def _resident(self, c: Configuration, n: int = 1) -> tuple[list[Interp], float]:
         """(interpreters of ``c`` for this thread at batch ``n``, ms spent materialising,
         building or resizing them in this call: kept out of the latency estimate). Cached per
         thread by *file*, so configurations sharing files (the all scope at S = 1 .. S_max
         lists the same sample files) share interpreters. A new interpreter is warmed up by one
         invoke, so no call's measurement includes its first-use cost."""
-        cache: OrderedDict = getattr(self._local, "cache", None)
+        cache: Cache | None = getattr(self._local, "cache", None)
         if cache is None:
             cache = self._local.cache = OrderedDict()
         spent = 0.0
         files = c.files
+        entries: tuple[list[Any], ...]
         if len(files) == 1:  # point and head: the common case, kept lean
             name = files[0].name
             entry = cache.get(name)
@@ -474,12 +490,13 @@ class EdgeModel(Executor):
             spent += (self._clock() - t0) * 1000
         return [e[0] for e in entries], spent
 
-    def _add(self, cache: OrderedDict, c: Configuration, files) -> tuple[tuple, float]:
+    def _add(self, cache: Cache, c: Configuration, files: Sequence[FileEntry]
+             ) -> tuple[tuple[list[Any], ...], float]:
         """Build and warm up ``files`` of ``c`` into this thread's ``cache``, record ``c``'s
         first-use cost, then evict least recently used files (never ``c``'s) beyond
         ``memory_cap_mb``."""
         t0 = self._clock()
-        entries = []
+        entries: list[list[Any]] = []  # [interpreter, its batch size]
         for f, interp in zip(files, self._build(c, files)):
             it, inp, _ = interp
             it.set_tensor(inp, np.zeros(self._inputs.want, np.float32)[None])
@@ -506,10 +523,10 @@ class EdgeModel(Executor):
         return self._invoke(interps, x)
 
 
-def load(bundle_dir: str | os.PathLike, profile: str | os.PathLike | None = "auto",
+def load(bundle_dir: str | os.PathLike[str], profile: str | os.PathLike[str] | None = "auto",
          threads: int | None = None, *, policy: str = "best", target_accuracy: float = 0.95,
          strict: bool = False, memory_cap_mb: float | None = None, backend: str | None = None,
-         trusted_keys: Sequence[str | os.PathLike | bytes] | None = None,
+         trusted_keys: Iterable[KeyLike] | KeyLike | None = None,
          hysteresis: float = 0.1, half_life_s: float = 10.0, half_life_calls: int = 200,
          uncertainty: bool = True, alpha: float = 0.1, conformal: str = "lac",
          abstain_on_ood: bool = True, input_check: bool = True,
