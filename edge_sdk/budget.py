@@ -22,7 +22,7 @@ def bounded_number(v: object, what: str, maximum: float, unit: str) -> float:
     """``v`` as a float in (0, maximum], or a BudgetError in one line (never OverflowError:
     ``float(10**400)`` raises it, so the conversion is guarded)."""
     bad = isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
-    if not bad:
+    if not bad and isinstance(v, numbers.Real):  # (the second test narrows for the checker)
         try:
             f = float(v)
         except (OverflowError, ValueError, TypeError):
@@ -82,8 +82,10 @@ class MemoryProbe:
             import psutil
 
             reader = lambda: psutil.virtual_memory().available / 2 ** 20  # noqa: E731
-        self._reader, self._interval, self._clock = reader, interval_s, clock
-        self._value, self._at = None, -math.inf
+        self._reader: Callable[[], float] = reader
+        self._interval, self._clock = interval_s, clock
+        # read on the first call (now - -inf >= any interval), so never returned as NaN
+        self._value, self._at = math.nan, -math.inf
 
     def available_mb(self) -> float:
         now = self._clock()

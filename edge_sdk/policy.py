@@ -65,16 +65,18 @@ class Plan:
 
 def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
             lo_open: bool = False) -> float:
-    ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
-          and (not integer or isinstance(v, numbers.Integral)))
     # compared before math.isfinite: an int beyond float range (10**400) made it raise a raw
     # OverflowError (issue 36); Python compares such ints with floats exactly
-    ok = ok and (v > lo if lo_open else v >= lo) and v <= hi and math.isfinite(v)
-    if not ok:
+    ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
+          and (not integer or isinstance(v, numbers.Integral))
+          # typeshed's numbers.Real declares no comparison with a float
+          and (v > lo if lo_open else v >= lo) and v <= hi  # type: ignore[operator]
+          and math.isfinite(v))
+    if not ok or not isinstance(v, numbers.Real):  # (ok implies Real: narrowed for the checker)
         kind = "an integer" if integer else "a finite number"
         raise ConfigError(f"{name} must be {kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}], "
                           f"got {show(v)}")
-    return int(v) if integer else float(v)
+    return int(v) if integer and isinstance(v, numbers.Integral) else float(v)
 
 
 class Policy:
@@ -112,7 +114,7 @@ class Policy:
         self._overhead = dict(overhead_ms or {})
         self._clock = clock
         # id (or (id, batch size)) -> (EWMA ms, when observed, decisions made by then)
-        self._measured: dict = {}
+        self._measured: dict[str | tuple[str, int], tuple[float, float, int]] = {}
         self.first_use_ms: dict[str, float] = {}  # creation + first invoke, kept out of the EWMA
         self._last: str | None = None
         self._single: dict[str, Stage] = {}  # call_stages' one-stage plans
@@ -196,7 +198,8 @@ class Policy:
     def _stale(self, m: tuple[float, float, int], now: float) -> float:
         """Weight of the prior: 0 for a fresh measurement, -> 1 as it ages."""
         age = max((now - m[1]) / self.half_life_s, (self._calls - m[2]) / self.half_life_calls)
-        return 1.0 - 0.5 ** age
+        w: float = 0.5 ** age
+        return 1.0 - w
 
     @staticmethod
     def memory_need_mb(c: Configuration) -> float:
@@ -262,10 +265,10 @@ class Policy:
         return self._mem_ok(c, self.memory_limit_mb(budget))
 
     @staticmethod
-    def preference(c: Configuration) -> tuple:
+    def preference(c: Configuration) -> tuple[float, float, int]:
         return (c.val_nll, -c.width, c.invokes)
 
-    def cost(self, c: Configuration) -> tuple:
+    def cost(self, c: Configuration) -> tuple[float, float, int]:
         return (self.predicted_latency_ms(c), self.memory_need_mb(c), c.invokes)
 
     def decide(self, budget: Budget, n: int = 1, among: Sequence[Configuration] | None = None
@@ -314,7 +317,8 @@ class Policy:
                 f"no configuration fits latency {latency:g} ms end-to-end"
                 + (f" for a batch of {n}" if n > 1 else "")
                 + f" within the memory limit of {limit:.4g} MB; the fastest, {cheapest.id}, is "
-                f"predicted at {pred(cheapest):.4g} ms ({pred(cheapest) - latency:.4g} ms over)")
+                f"predicted at {pred(cheapest):.4g} ms ({pred(cheapest) - (latency or 0.0):.4g} ms "
+                f"over)")  # (latency is set here: without it, fitting memory fits)
         small = min(pool, key=lambda c: (self._need_mb(c), pred(c), c.invokes))
         need = self.memory_need_mb(small)
         return small, False, lambda: (
@@ -399,7 +403,7 @@ class Policy:
             return Plan((final,), ok, why)
         if not self.climb_only and any(best.id in c.cascade for c in self._configs):
             plans = [(self.predicted_latency_ms(c, n)
-                      + (1 - c.cascade[best.id]["coverage"]) * lat_best, c)
+                      + (1 - (c.cascade[best.id]["coverage"] or 0.0)) * lat_best, c)
                      for c in self._configs
                      if best.id in c.cascade and c.cascade[best.id]["threshold"] is not None
                      and self.fits(c, budget, n=n)]

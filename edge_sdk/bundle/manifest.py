@@ -226,6 +226,8 @@ def _recipes(value: object, path: str, scope: str, samples: int, count: int
     if scope == "all":
         seen: dict[int, int] = {}
         for i, r in enumerate(recipes):
+            if r.sample is None:  # (refused above)
+                continue
             if r.sample in seen:
                 fail(f"{path}[{i}].sample", f"duplicate sample {r.sample} (also "
                                             f"{path}[{seen[r.sample]}]): S distinct samples")
@@ -375,7 +377,7 @@ def _slices(value: object, path: str, graphs: Mapping[str, Any]) -> dict[str, Sl
     return out
 
 
-def _full_calibrated(raw: Mapping, cal: Mapping) -> dict:
+def _full_calibrated(raw: Mapping[str, Any], cal: Mapping[str, Any]) -> dict[str, Any]:
     """A named configuration's ``test.calibrated`` lists only the metrics that differ from
     ``test.raw`` (the accuracy never does: a temperature keeps every argmax): raw's value for
     each metric it leaves out, in raw's order, then its own others."""
@@ -383,7 +385,7 @@ def _full_calibrated(raw: Mapping, cal: Mapping) -> dict:
             **{k: v for k, v in cal.items() if k not in raw}}
 
 
-def _compact_test(test: dict) -> dict | None:
+def _compact_test(test: dict[str, Any]) -> dict[str, Any] | None:
     """``test`` with ``calibrated`` cut to the metrics that differ from ``raw``, or None when
     that would not read back as ``test`` (calibrated lacks a metric raw has)."""
     raw, cal = test.get("raw"), test.get("calibrated")
@@ -394,8 +396,8 @@ def _compact_test(test: dict) -> dict | None:
     return {**test, "calibrated": {k: v for k, v in cal.items() if k not in raw or raw[k] != v}}
 
 
-def _resolve_names(items: list, path: str, layout: str, slices: Mapping[str, Slice],
-                   classes: int) -> tuple[list, dict[int, list[str]]]:
+def _resolve_names(items: list[Any], path: str, layout: str, slices: Mapping[str, Slice],
+                   classes: int) -> tuple[list[Any], dict[int, list[str]]]:
     """Configuration dicts whose files are slice names -> with file entries and recipes (the
     form Configuration parses) and the keys they left out filled in (:func:`_derived`), and
     per such configuration its names; anything else unchanged (Configuration reports it)."""
@@ -602,7 +604,8 @@ class Manifest(_Record):
         """The files the bundle directory holds: the store (layout store) or every listed
         file (layout files)."""
         extra = () if self.uncertainty is None else (self.uncertainty,)
-        return ((self.store,) if self.is_store else self.file_entries()) + extra
+        store = self.store  # (set exactly when the layout is store)
+        return ((store,) if self.is_store and store is not None else self.file_entries()) + extra
 
     def recipe(self, config: Configuration, i: int) -> Recipe:
         """The recipe of file ``i`` of ``config`` (layout store); BundleError otherwise."""
@@ -764,7 +767,7 @@ class Manifest(_Record):
         if layout == "store":  # one virtual file name, one recipe
             recipe_of: dict[str, tuple[Recipe, str]] = {}
             for i, config in enumerate(configs):
-                for j, (entry, r) in enumerate(zip(config.files, config.materialize)):
+                for j, (entry, r) in enumerate(zip(config.files, config.materialize or ())):
                     where = f"{p}[{i}].materialize[{j}]"
                     if entry.name in recipe_of and recipe_of[entry.name][0] != r:
                         fail(where, f"file {entry.name!r} has another recipe at "
@@ -783,8 +786,8 @@ class Manifest(_Record):
         by_id = {c.id: c for c in configs}
         for i, config in enumerate(configs):
             for target in config.cascade:
-                other = by_id.get(target)
-                if other is None or other.scope != config.scope or other.width <= config.width:
+                wider = by_id.get(target)
+                if wider is None or wider.scope != config.scope or wider.width <= config.width:
                     fail(f"{p}[{i}].cascade.{target}", "expected the id of a wider configuration "
                           f"of the same scope ({config.scope!r}, width > {config.width:g})")
         out["configurations"] = configs
