@@ -164,6 +164,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                                              "slice's heads (head), the number of files (all) "
                                              "or 1."},
     "Configuration.files": {
+        # the YAML's form: a parsed Configuration holds FileEntry records only (the names
+        # are resolved against the slices table at parse time)
+        "items": {"anyOf": [{"$ref": "#/$defs/FileEntry"}, {"type": "string"}]},
         "minItems": 1,
         "description": "One file (point, head) or one per sample (all), in sample order: "
                        "file entries, or (layout store) names of the slices table."},
@@ -271,7 +274,7 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         return {"type": "number"}
     if tp is str:
         return {"type": "string"}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # (a class, never an instance)
         return {"$ref": f"#/$defs/{tp.__name__}"}
     if origin in (Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
@@ -299,7 +302,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         if key == "required":
             continue
-        if key == "items" and isinstance(out.get("items"), dict):
+        if key == "items" and isinstance(out.get("items"), dict) and "anyOf" not in value:
             out["items"] = {**out["items"], **value}
         else:
             out[key] = value
@@ -310,7 +313,7 @@ def _plain_default(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _manifest_fields(cls: type) -> list[dataclasses.Field]:
+def _manifest_fields(cls: type) -> list[dataclasses.Field[Any]]:
     """The fields a manifest holds: all but those marked ``metadata={"manifest": False}``
     (e.g. the class names an input spec carries in a checkpoint, not in a manifest)."""
     return [f for f in dataclasses.fields(cls) if f.metadata.get("manifest", True)]
@@ -384,7 +387,8 @@ def _equal(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    return a == b
+    same: bool = a == b
+    return same
 
 
 def validate(instance: Any, schema: dict[str, Any] | None = None) -> list[str]:
