@@ -219,6 +219,19 @@ def available() -> list[str]:
     return [name for name in BACKENDS if _installed(name)]
 
 
+def usable() -> list[str]:
+    """The backends whose interpreter imports and works here, in ``auto`` order (tests run
+    each of them)."""
+    out = []
+    for name in BACKENDS:
+        try:
+            interpreter_class(name)
+        except BackendError:
+            continue
+        out.append(name)
+    return out
+
+
 def unrunnable(path: str | Path, backend: str) -> list[str]:
     """Why ``backend`` cannot run the model at ``path`` correctly (empty: nothing known).
     Reads the file only when a rule exists for this backend."""

@@ -22,15 +22,7 @@ from edge_sdk.errors import BundleError, EdgeSdkError
 DATA = Path(__file__).resolve().parent / "data"  # written by data/make_hybrid_fc.py
 
 
-def _usable(name: str) -> bool:
-    try:
-        backends.interpreter_class(name)
-    except BackendError:
-        return False
-    return True
-
-
-USABLE = [name for name in backends.BACKENDS if _usable(name)]
+USABLE = backends.usable()
 
 
 @pytest.fixture(autouse=True)

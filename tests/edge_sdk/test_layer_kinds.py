@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import backends
-from edge_sdk.backends import BackendError, tflite_model
+from edge_sdk.backends import tflite_model
 
 DATA = Path(__file__).resolve().parent / "data"
 NPZ = DATA / "layer_kinds.npz"
@@ -31,15 +31,7 @@ KINDS = {
 }
 
 
-def _usable(name: str) -> bool:
-    try:
-        backends.interpreter_class(name)
-    except BackendError:
-        return False
-    return True
-
-
-USABLE = [name for name in backends.BACKENDS if _usable(name)]
+USABLE = backends.usable()
 
 
 @pytest.fixture(scope="module")
