@@ -263,16 +263,24 @@ def _masked_minus_truncated(model, width: float, x: torch.Tensor) -> float:
         return rel(model.truncate(width).eval()(x).numpy(), masked)
 
 
+def _trained_like(make, **nest_kwargs):
+    """A float64 nested network of ``make()`` whose weights, BN statistics and sampled-mask
+    rescale are all away from their initial values (what the masked-vs-truncated checks
+    need)."""
+    torch.manual_seed(0)
+    source = make().double().eval()
+    randomise(source, 3)
+    model = nest(source, **nest_kwargs).double().eval()
+    randomise(model, 4)
+    model.set_rescale(True)
+    return model
+
+
 def test_a_partial_conv_group_in_training_computes_what_its_truncation_runs():
     # a sampled mask runs the full-width conv on masked inputs: the partial group's cut-off
     # inputs must be zeros there (its input is masked too), or training would not train what
     # the slice runs (measured without that mask: 6e-3)
-    torch.manual_seed(0)
-    source = regnet_blocks().double().eval()
-    randomise(source, 3)
-    model = nest(source).double().eval()
-    randomise(model, 4)
-    model.set_rescale(True)
+    model = _trained_like(regnet_blocks)
     x = torch.randn(3, 3, 9, 9, dtype=torch.float64)
     for w in WIDTHS:
         assert _masked_minus_truncated(model, w, x) <= 1e-12
@@ -282,12 +290,7 @@ def test_a_partial_conv_group_in_training_computes_what_its_truncation_runs():
 def test_stage_mode_folds_a_hardswish_stream_forwards_through_its_adds(width):
     # MobileNetV3: the Hardswish stem is summed in the first block; with residual='stage' the
     # stream is nested and every summand's rescale folds forwards past the add (s h + s p)
-    torch.manual_seed(0)
-    source = mnv3_large_start().double().eval()
-    randomise(source, 3)
-    model = nest(source, residual="stage", nest_stem=True).double().eval()
-    randomise(model, 4)
-    model.set_rescale(True)
+    model = _trained_like(mnv3_large_start, residual="stage", nest_stem=True)
     stem = model.get_submodule("body.0.0")
     proj = model.get_submodule("body.1.block.1.0")  # the first block's projection (summed)
     assert stem.ordering is not None and stem.ordering is proj.ordering
@@ -304,12 +307,7 @@ def test_a_pre_activation_norm_follows_its_segments_and_masks_again():
     # DenseNet: the norm over the concatenation keeps each branch's kept prefix (an index set)
     # and zeroes the dropped channels again after itself (bn(0) != 0), so the full-width
     # network under a sampled mask computes what the truncated slice runs
-    torch.manual_seed(0)
-    source = DenseLike().double().eval()
-    randomise(source, 3)
-    model = nest(source).double().eval()
-    randomise(model, 4)
-    model.set_rescale(True)
+    model = _trained_like(DenseLike)
     rows = {r["layer"]: r["ordering"] for r in model.nest_summary}
     assert rows["features.4.conv"].startswith("unit")  # the transition, read by norms
     assert "follows its input's segments" in rows["features.5.denselayer2.norm1"]
