@@ -15,7 +15,9 @@ reference is the slice in float64), torch f32 = the same for torch's own float32
 slice's conditioning: TFLite cannot be expected below it),
 width1 = the same for the freshly nested network at width 1.0 against the source network
 (before training, default arguments), MACs counted from each slice's graph (and the ratio to
-width 1), bytes = each width's float TFLite file (KB), mono = MACs and bytes strictly
+width 1), "0.25 exported as" = the width `edge-sdk export` records for a requested 0.25 (every
+unit cut at its own group boundary, the smallest share any unit keeps; the slices measured here
+are the exported ones), bytes = each width's float TFLite file (KB), mono = MACs and bytes strictly
 increase with width, seconds for the whole row.
 
     .venv/bin/python benchmarks/any_cnn.py resnet18 mobilenet_v3_small --steps 200
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_sdk.errors import EdgeSdkError  # noqa: E402
 from edge_sdk.graph import graph_stats  # noqa: E402
+from exporters.export import snapped_widths  # noqa: E402
 from exporters.slice import make_slice  # noqa: E402
 from exporters.tflite import export_point_slice, lower_point_slice  # noqa: E402
 from trainer.nesting import nest  # noqa: E402
@@ -116,6 +119,9 @@ def row(name: str, args) -> dict:
     except (EdgeSdkError, ValueError) as e:
         out.update(nested=f"refused: {str(e).splitlines()[0]}", seconds=time.time() - t0)
         return out
+    # the width `edge-sdk export` records for 0.25 (each unit cut at its own group boundary;
+    # exporters.export.snapped_widths): the slices below are exactly the exported ones
+    out["label"] = snapped_widths(model, [0.25], log=lambda _: None)[0]
     if args.macs_only:  # goal 3's figures: MACs counted from each width's graph, nothing run
         macs, nbytes = {}, {}
         for w in WIDTHS:
@@ -180,8 +186,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"| model | nested | width-1.0 vs source | fidelity (max over widths) | torch f32 "
           f"{'| on 2.14 ' if args.tflite_runtime else ''}| MACs 0.25 | 0.5 | 1 | "
-          "0.25 / 1 | KB 0.25 | 0.5 | 1 | mono | s |")
-    print("|---" * (14 + bool(args.tflite_runtime)) + "|")
+          "0.25 / 1 | 0.25 exported as | KB 0.25 | 0.5 | 1 | mono | s |")
+    print("|---" * (15 + bool(args.tflite_runtime)) + "|")
     for name in args.models:
         try:
             r = row(name, args)
@@ -197,6 +203,7 @@ def main() -> None:
         cells += [f"{m[w] / 1e6:.1f} M" if w in m else "-" for w in WIDTHS]
         b = r.get("bytes") or {}
         cells.append(f"{m[0.25] / m[1.0]:.{1 if args.macs_only else 0}%}" if m else "-")
+        cells.append(f"{r['label']:.4g}" if "label" in r else "-")
         cells += [f"{b[w] / 1e3:.0f}" if w in b else "-" for w in WIDTHS]
         mono = bool(m and b) and all(d[u] < d[v] for d in (m, b)
                                      for u, v in zip(WIDTHS, WIDTHS[1:]))

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from edge_sdk import metrics as M
-from edge_sdk.bundle import SCOPES
+from edge_sdk.bundle import SCOPES, width_key
 from edge_sdk.errors import ConfigError
 # quality and slice_logits live with the configuration records; imported from here too
 from exporters.configs import (Configurations, EvalSets, quality, slice_logits,  # noqa: F401
@@ -139,18 +139,44 @@ def _codebook_stats(model, kind: str) -> tuple[int | None, float | None]:
 
 
 def snapped_widths(model, widths: Sequence[float], log=print) -> list[float]:
-    """The widths the slices really have: each request snapped up to a group boundary (as
-    slicing does), duplicates dropped, so the manifest never misstates what a file runs."""
+    """The widths the slices really have, duplicates dropped, so the manifest never misstates
+    what a file runs.
+
+    A width ``w`` cuts every ordering unit at its own group boundary: ``ceil(w * G_u)`` of its
+    ``G_u`` groups, exactly what training's ``model.width(w)`` runs (issue 35: export used to
+    cut every unit at the coarsest unit's boundary, so a model with one unit of 2 groups
+    exported its "0.25" slice at 0.5 everywhere). The recorded width is the smallest share any
+    unit keeps, ``min_u ceil(w * G_u) / G_u``: the largest width that cuts every unit the same
+    way, so it names the network uniquely (any ``w'`` between ``w`` and it gives the same cuts)
+    and every unit keeps at least that share of its groups. For uniform group counts this is
+    the old snap (0.3 with 8 groups: 0.375). Units that keep more are named in the log; the
+    configuration's ``macs`` states the slice's real cost."""
     units = model.orderings()
-    out = []
+    names = {id(u): n for n, m in model.named_modules()
+             if isinstance(m, BayesNestedLayer) for u in [m.ordering] if u is not None}
+    out: list[float] = []
     for w in widths:
         model.check_width(w)  # ConfigError below the frozen groups or outside (0, 1]
-        real = max((u.groups_for_width(w) / u.groups for u in units), default=1.0)
+        kept = [u.groups_for_width(w) for u in units]
+        real = min((k / u.groups for k, u in zip(kept, units)), default=1.0)
+        # the recorded width must cut every unit exactly as w does
+        assert [u.groups_for_width(real) for u in units] == kept, (w, real)
         if real in out:
             log(f"width {w:g} is the same network as width {real:g}: exported once")
             continue
+        clash = [o for o in out if width_key(o) == width_key(real)]
+        if clash:  # the store, the graphs and the configuration ids key a width by %.2f
+            raise ConfigError(f"widths {clash[0]:g} and {real:g} (asked {w:g}) are different "
+                              f"networks with the same key {width_key(real)!r}; drop one")
         if abs(real - w) > 1e-9:
-            log(f"width {w:g} snapped up to the group boundary {real:g}")
+            log(f"width {w:g} recorded as {real:g}: the narrowest unit's group boundary")
+        more = [(names.get(id(u), "?"), k, u.groups) for k, u in zip(kept, units)
+                if k / u.groups > real + 1e-9]
+        if more:
+            shown = ", ".join(f"{n} {k}/{g}" for n, k, g in more[:4])
+            log(f"width {real:g}: {len(more)} of {len(units)} nested units keep more than "
+                f"{real:g} of their groups, at their own group boundary ({shown}"
+                f"{', ...' if len(more) > 4 else ''})")
         out.append(real)
     return out
 
@@ -284,7 +310,6 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
 def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
     """(manifest entry, bytes, report) of ``uncertainty.bin``, or Nones without point scope."""
     from edge_sdk import bundle as B
-    from edge_sdk.bundle import width_key
     from edge_sdk.uncertainty import FILE_NAME
     from exporters.uncertainty import bank_rows, fit_uncertainty
 

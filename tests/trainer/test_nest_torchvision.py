@@ -85,6 +85,50 @@ def test_a_width_below_a_layers_groups_is_one_rule_naming_the_layer():
     assert str(export_err.value) == str(train_err.value)
 
 
+def test_export_cuts_each_unit_at_its_own_group_boundary_as_training_does():
+    """(issue 35) a unit of 5 groups next to one of 8: export's "0.25" is training's 0.25 (5
+    groups keep 2, 8 groups keep 2), not every unit cut at the coarse unit's 0.4."""
+    from exporters.export import snapped_widths
+
+    net = nn.Sequential(nn.Conv2d(3, 20, 3), nn.BatchNorm2d(20), nn.ReLU(),
+                        nn.Conv2d(20, 32, 3), nn.BatchNorm2d(32), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    model = nest(net, nest_stem=True)
+    assert sorted(u.groups for u in model.orderings()) == [5, 8]
+    lines: list[str] = []
+    asked = [0.25, 0.3, 0.35, 0.4, 0.5, 1.0]
+    got = snapped_widths(model, asked, log=lines.append)
+    assert got == [0.25, 0.375, 0.4, 0.5, 1.0]  # 0.35 cuts as 0.3 does: exported once
+    assert any("0.35 is the same network as width 0.375" in ln for ln in lines)
+    assert any("body.0 2/5" in ln for ln in lines)  # the unit that keeps more is named
+    for w in asked:  # the recorded width cuts every unit exactly as the asked one
+        (label,) = snapped_widths(model, [w], log=lambda _: None)
+        assert label <= min(u.groups_for_width(w) / u.groups for u in model.orderings()) + 1e-12
+        assert ([u.groups_for_width(label) for u in model.orderings()]
+                == [u.groups_for_width(w) for u in model.orderings()])
+    convs = [m for m in model.truncate(0.25).modules() if type(m).__name__ == "NestConv2d"]
+    assert [c.out_channels for c in convs] == [8, 8]  # 2 of 5 groups of 4, 2 of 8
+
+
+def test_two_recorded_widths_sharing_a_key_are_refused():
+    """Units of 6 and 100 groups: 0.3 is recorded as 0.3 (30/100), 0.33 as 0.33 (33/100)
+    and 0.331 as 1/3 (2/6); the last two differ but both key "0.33" (the store's %.2f)."""
+    from exporters.export import snapped_widths
+    from trainer.models.base import NestedModel
+    from trainer.ordering import DownhillOrdering
+
+    class TwoUnits(NestedModel):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.a, self.b = DownhillOrdering(6), DownhillOrdering(100)
+
+    model = TwoUnits()
+    assert snapped_widths(model, [0.3, 0.33], log=lambda _: None) == [0.3, 0.33]
+    with pytest.raises(ConfigError, match=r"widths 0.33 and 0.333333 \(asked 0.331\) are "
+                                          r"different networks with the same key '0.33'; drop one"):
+        snapped_widths(model, [0.33, 0.331], log=lambda _: None)
+
+
 def test_a_layer_too_narrow_to_split_stays_full_width_instead_of_raising_the_minimum():
     # 8 channels make 2 groups of 4: nested, the model's smallest width would be 0.5
     # (mnasnet0_5 refused 0.25 in training); it stays full width, 0.25 is reachable
