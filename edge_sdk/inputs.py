@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 Normalised = npt.NDArray[np.float32]
 
 _UINT8 = np.dtype(np.uint8)
-_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # arr.min() adds a Python wrapper's call
 
 
 class InputChecker:
@@ -81,9 +80,11 @@ class InputChecker:
             raise InputError(
                 f"{what} has dtype {arr.dtype}, but this bundle declares uint8 input (raw values "
                 f"{a:g}..{b:g}); pass the integer pixel values, not an image scaled to [0, 1]")
-        # min and max propagate NaN and expose +-inf, so one pass each checks finiteness too;
-        # checked before the float32 cast, so a huge float64 is reported as out of range
-        lo, hi = float(_MIN(arr, axis=None)), float(_MAX(arr, axis=None))
+        # the extremes by argmin / argmax (0.6 us on 64 values, the min / max reductions 1.9:
+        # issue 34's SDK time); both return a NaN's index when there is one and expose
+        # +-inf, so this checks finiteness too; checked before the float32 cast, so a huge
+        # float64 is reported as out of range
+        lo, hi = float(arr.item(arr.argmin())), float(arr.item(arr.argmax()))
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise InputError(f"{what} contains NaN or infinite values")
         if lo < self._lo or hi > self._hi:

@@ -6,7 +6,8 @@ import math
 import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Generic, NamedTuple, NoReturn, TypeVar, overload
+from typing import (TYPE_CHECKING, Any, Callable, Generic, NamedTuple, NoReturn, TypeVar,
+                    overload)
 
 import numpy as np
 
@@ -69,6 +70,19 @@ class Prediction:
     # true (with abstain_on_ood). None: the bundle carries no input statistics (schema < 6)
     # or load(input_check=False)
     input_suspect: bool | None = None
+
+    if not TYPE_CHECKING:  # (mypy keeps flagging misspelt attributes)
+        def __getattr__(self, name: str) -> Any:
+            # (issue 34) a one-sample point answer made by point_answer() computes ``probs`` and
+            # ``entropy`` when first read (1-2 us a call that reads only label and confidence);
+            # every field is then a plain attribute, as for any other prediction
+            d = self.__dict__
+            lazy = d.get("_lazy")
+            if lazy is None or name not in ("probs", "entropy"):
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            d["probs"], d["entropy"] = _point_fields(*lazy)
+            del d["_lazy"]
+            return d[name]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values (JSON-ready: ``probs`` a list of floats)."""
@@ -138,6 +152,50 @@ def probabilities(c: Configuration, logits: np.ndarray
         entropy, mi = max(entropy, 0.0), max(entropy - expected, 0.0)
     top = max(probs)
     return probs, entropy, mi, probs.index(top), top
+
+
+Top = tuple[list[float], float, float, int, float]
+
+
+def point_top(c: Configuration, logits: np.ndarray) -> Top:
+    """(row, its maximum m, softmax denominator s, label, confidence) of one point sample's
+    ``[1, C]`` logits: what a call needs at once (issue 34: the SDK's microseconds). The
+    probabilities and entropy follow from these when read (:func:`_point_fields`), equal to
+    :func:`probabilities`' to the last bit (the same expressions)."""
+    inv_t = 1.0 / c.temperature
+    row = logits[0].tolist()
+    m = max(row)
+    s = sum([math.exp((v - m) * inv_t) for v in row])
+    # a NaN or +-inf logit makes the row's sum non-finite (float32 values cannot overflow a
+    # float64 sum); the maximum's exp is exactly 1, so a finite row has 1 <= s <= C
+    if not (math.isfinite(sum(row)) and s >= 1.0):
+        _non_finite(c, logits)
+    label = row.index(m)  # the first maximum, as probabilities()
+    return row, m, s, label, 1.0 / s
+
+
+def _point_fields(row: list[float], m: float, s: float, inv_t: float
+                  ) -> tuple[np.ndarray, float]:
+    """(read-only probs, entropy) of :func:`point_top`'s row, as :func:`probabilities`."""
+    probs = [math.exp((v - m) * inv_t) / s for v in row]
+    entropy = math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m)
+    return _readonly(np.array(probs, np.float64)), max(entropy, 0.0)
+
+
+def point_answer(c: Configuration, labels: Sequence[str], top: Top, abstain: bool,
+                 latency_ms: float, invoke_ms: float, met: bool,
+                 input_suspect: bool | None) -> Prediction:
+    """:func:`answer` of a one-sample point call without uncertainty statistics, its
+    ``probs`` and ``entropy`` computed when first read (``Prediction.__getattr__``)."""
+    row, m, s, label, confidence = top
+    p = _new(Prediction)
+    p.__dict__.update(
+        label=label, class_name=labels[label], _lazy=(row, m, s, 1.0 / c.temperature),
+        confidence=confidence, mutual_info=0.0, abstain=abstain, width=c.width,
+        scope=c.scope, samples=c.samples, config_id=c.id, latency_ms=latency_ms,
+        budget_met=met, invoke_ms=invoke_ms, batch_size=1, ood_score=None,
+        in_distribution=None, prediction_set=None, input_suspect=input_suspect)
+    return p
 
 
 def _rows_exact(c: Configuration, logits: np.ndarray) -> tuple[list[float], float, float]:

@@ -26,7 +26,10 @@ from edge_sdk.prediction import (
     batch_probabilities,
     draft,
     draft_batch,
+    Top,
     finish,
+    point_answer,
+    point_top,
     probabilities,
 )
 from edge_sdk.uncertainty import cascade_key
@@ -195,10 +198,16 @@ class Executor:
                 logits = logits.reshape(-1, self._classes)
             else:
                 logits, invoke = self._invoke(interps, xn)
-            probs, entropy, mi, label, conf = probabilities(c, logits)
             ood = ind = pset = None
-            if self._unc is not None:
-                ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
+            top: Top | None = None
+            if self._unc is None and len(logits) == 1:
+                # a point answer without OOD statistics: probs and entropy wait until read
+                t = point_top(c, logits)
+                top, conf = t, t[4]
+            else:
+                probs, entropy, mi, label, conf = probabilities(c, logits)
+                if self._unc is not None:
+                    ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
             threshold = c.thresholds[self._target_key]
             abstain = threshold is None or conf < threshold or (self.abstain_on_ood and (
                 ind is False or suspect is True))  # prediction.abstains(), inline
@@ -208,6 +217,8 @@ class Executor:
                 policy.observe(c.id, total - built)
             met = (budget.latency_ms is None or total <= budget.latency_ms) and \
                 policy.fits_memory(c, budget)
+            if top is not None:
+                return point_answer(c, self._labels, top, abstain, total, invoke, met, suspect)
             return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
                           invoke, met, 1, ood, ind, pset, suspect)
         built = invoke = 0.0

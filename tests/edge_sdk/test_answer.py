@@ -139,3 +139,58 @@ def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
     m.predict(x, config_id=first)
     timer.step = 1.0 / 1000
     assert m.predict(x, budget).config_id != first
+
+
+# ------------------------------------------------- (issue 34) probs and entropy when read
+
+
+@given(logits=hnp.arrays(np.float32, (1, CLASSES), elements=finite), t=temperatures)
+def test_a_lazy_point_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
+    from edge_sdk.prediction import point_answer, point_top, probabilities
+
+    c = dataclasses.replace(model.manifest.configurations[0], temperature=t)
+    probs, entropy, mi, label, conf = probabilities(c, logits)
+    lazy = point_answer(c, model.manifest.labels, point_top(c, logits), False, 1.0, 0.5, True,
+                        None)
+    assert (lazy.label, lazy.confidence, lazy.mutual_info) == (label, conf, mi)
+    assert "probs" not in vars(lazy)  # not computed until read
+    assert np.array_equal(lazy.probs, np.array(probs)) and lazy.entropy == entropy
+    assert not lazy.probs.flags.writeable
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_lazy_point_answer_refuses_non_finite_logits_at_once(model, bad):
+    from edge_sdk.errors import OutputError
+    from edge_sdk.prediction import point_top
+
+    logits = np.zeros((1, CLASSES), np.float32)
+    logits[0, 3] = bad
+    with pytest.raises(OutputError, match="answered non-finite values"):
+        point_top(model.manifest.configurations[0], logits)
+
+
+def test_a_lazy_prediction_behaves_as_any_prediction(bundle):
+    import copy
+    import pickle
+
+    eager = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
+    lean = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB,
+                         uncertainty=False)
+    point = next(c for c in lean.manifest.configurations if c.scope == "point")
+    x = np.random.default_rng(0).uniform(*lean.manifest.input.value_range,
+                                         lean.manifest.input.shape[1:]).astype(np.float32)
+    a, b = eager.predict(x, config_id=point.id), lean.predict(x, config_id=point.id)
+    assert "_lazy" in vars(b) and "_lazy" not in vars(a)
+    fresh = lean.predict(x, config_id=point.id)
+    for got in (pickle.loads(pickle.dumps(fresh)), copy.copy(fresh), copy.deepcopy(fresh)):
+        assert np.array_equal(got.probs, a.probs) and got.entropy == a.entropy
+    assert np.array_equal(b.probs, a.probs) and b.entropy == a.entropy
+    assert "_lazy" not in vars(b)  # computed once, then plain attributes
+    same = dataclasses.replace(b, latency_ms=a.latency_ms, invoke_ms=a.invoke_ms,
+                               ood_score=a.ood_score, in_distribution=a.in_distribution,
+                               prediction_set=a.prediction_set, abstain=a.abstain)
+    assert same == a and hash(same) == hash(a)
+    assert b.to_dict()["probs"] == a.probs.tolist()
+    assert "probs=array(" in repr(fresh)
+    with pytest.raises(AttributeError, match="has no attribute 'lable'"):
+        fresh.lable  # noqa: B018
