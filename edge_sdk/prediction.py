@@ -73,14 +73,16 @@ class Prediction:
 
     if not TYPE_CHECKING:  # (mypy keeps flagging misspelt attributes)
         def __getattr__(self, name: str) -> Any:
-            # (issue 34) a one-sample point answer made by point_answer() computes ``probs`` and
-            # ``entropy`` when first read (1-2 us a call that reads only label and confidence);
-            # every field is then a plain attribute, as for any other prediction
+            # (issue 34) an answer made by lean_answer() computes ``probs`` and ``entropy``
+            # (point) or ``entropy`` and ``mutual_info`` (head) when first read: 1-3 us of a
+            # call that reads only label and confidence; every field is then a plain
+            # attribute, as for any other prediction
             d = self.__dict__
             lazy = d.get("_lazy")
-            if lazy is None or name not in ("probs", "entropy"):
+            if lazy is None or name not in _LAZY:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            d["probs"], d["entropy"] = _point_fields(*lazy)
+            fn, args = lazy
+            d.update(fn(*args))
             del d["_lazy"]
             return d[name]
 
@@ -105,6 +107,7 @@ class Prediction:
 
 
 _FIELDS = tuple(f.name for f in fields(Prediction))
+_LAZY = frozenset({"probs", "entropy", "mutual_info"})
 
 
 def probabilities(c: Configuration, logits: np.ndarray
@@ -131,37 +134,25 @@ def probabilities(c: Configuration, logits: np.ndarray
         # the logits is the first maximum of the probabilities (exp is monotone)
         label = row.index(m)
         return probs, max(entropy, 0.0), 0.0, label, probs[label]
-    # several rows (head, all): numpy, with as few calls as the maths allows (issue 34: a
-    # reduction costs ~1 us on [8, 10] and keepdims twice that): one shift by the global
-    # maximum (a row far below it underflows: then the per-row shift of _rows_exact)
-    rows = logits.shape[0]
-    z = logits.astype(np.float64)
-    z *= inv_t
-    z -= float(_MAXR(z, axis=None))
-    ez = np.exp(z)
-    s = _ADDR(ez, 1)
-    ez /= s[:, None]  # p_s, [S, C]
-    expected = (sum(np.log(s).tolist()) - float(np.vdot(ez, z))) / rows
-    if not math.isfinite(expected):
+    # several rows (head, all): numpy, with as few calls as the maths allows (rows_top)
+    top = rows_top(c, logits)
+    if top is None:
         probs, entropy, mi = _rows_exact(c, logits)
-    else:
-        probs = (_ADDR(ez, 0) * (1.0 / rows)).tolist()
-        entropy = -sum([v * math.log(v) for v in probs if v > 0.0])
-        if not math.isfinite(sum(probs)):
-            _non_finite(c, logits)
-        entropy, mi = max(entropy, 0.0), max(entropy - expected, 0.0)
-    top = max(probs)
-    return probs, entropy, mi, probs.index(top), top
+        conf = max(probs)
+        return probs, entropy, mi, probs.index(conf), conf
+    p, label, conf, (fn, args) = top
+    f = fn(*args)
+    return p.tolist(), f["entropy"], f["mutual_info"], label, conf
 
 
-Top = tuple[list[float], float, float, int, float]
+Lazy = tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]
 
 
-def point_top(c: Configuration, logits: np.ndarray) -> Top:
-    """(row, its maximum m, softmax denominator s, label, confidence) of one point sample's
-    ``[1, C]`` logits: what a call needs at once (issue 34: the SDK's microseconds). The
-    probabilities and entropy follow from these when read (:func:`_point_fields`), equal to
-    :func:`probabilities`' to the last bit (the same expressions)."""
+def point_top(c: Configuration, logits: np.ndarray) -> tuple[int, float, Lazy]:
+    """(label, confidence, how to make probs and entropy) of one point sample's ``[1, C]``
+    logits: what a call needs at once (issue 34: the SDK's microseconds). The probabilities
+    and entropy follow when read (:func:`_point_fields`), equal to :func:`probabilities`' to
+    the last bit (the same expressions)."""
     inv_t = 1.0 / c.temperature
     row = logits[0].tolist()
     m = max(row)
@@ -170,31 +161,83 @@ def point_top(c: Configuration, logits: np.ndarray) -> Top:
     # float64 sum); the maximum's exp is exactly 1, so a finite row has 1 <= s <= C
     if not (math.isfinite(sum(row)) and s >= 1.0):
         _non_finite(c, logits)
-    label = row.index(m)  # the first maximum, as probabilities()
-    return row, m, s, label, 1.0 / s
+    # the first maximum of the logits is the first maximum of the probabilities, as in
+    # probabilities(); its probability is exp(0) / s
+    return row.index(m), 1.0 / s, (_point_fields, (row, m, s, inv_t))
 
 
-def _point_fields(row: list[float], m: float, s: float, inv_t: float
-                  ) -> tuple[np.ndarray, float]:
-    """(read-only probs, entropy) of :func:`point_top`'s row, as :func:`probabilities`."""
+def _point_fields(row: list[float], m: float, s: float, inv_t: float) -> dict[str, Any]:
+    """``probs`` (read-only) and ``entropy`` of :func:`point_top`'s row, as
+    :func:`probabilities`."""
     probs = [math.exp((v - m) * inv_t) / s for v in row]
     entropy = math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m)
-    return _readonly(np.array(probs, np.float64)), max(entropy, 0.0)
+    return {"probs": _readonly(np.array(probs, np.float64)), "entropy": max(entropy, 0.0)}
 
 
-def point_answer(c: Configuration, labels: Sequence[str], top: Top, abstain: bool,
-                 latency_ms: float, invoke_ms: float, met: bool,
-                 input_suspect: bool | None) -> Prediction:
-    """:func:`answer` of a one-sample point call without uncertainty statistics, its
-    ``probs`` and ``entropy`` computed when first read (``Prediction.__getattr__``)."""
-    row, m, s, label, confidence = top
+_ONES: dict[int, np.ndarray] = {}
+
+
+def _ones(n: int) -> np.ndarray:
+    o = _ONES.get(n)
+    if o is None:
+        o = _ONES[n] = _readonly(np.ones(n))
+    return o
+
+
+def rows_top(c: Configuration, logits: np.ndarray) -> tuple[np.ndarray, int, float, Lazy] | None:
+    """(read-only mean probabilities [C], label, confidence, how to make the entropy and
+    mutual information: :func:`_rows_fields`) of ``[S, C]`` logits, S > 1: one shift by the global maximum, sums as
+    products with ones (issue 34: a numpy reduction costs ~1 us on [8, 10], an argmax or a
+    dot product ~0.3-0.6). None when a row lies so far below the maximum that it underflows:
+    then the per-row shift of :func:`_rows_exact`. Non-finite logits are refused."""
+    rows, classes = logits.shape
+    z = logits.astype(np.float64)
+    flat = z.reshape(-1)
+    # a NaN or +-inf logit makes the float64 sum non-finite (float32 values cannot overflow it)
+    if not math.isfinite(float(np.dot(flat, _ones(flat.size)))):
+        _non_finite(c, logits)
+    z -= flat.item(flat.argmax())
+    z *= 1.0 / c.temperature
+    ez = np.exp(z)
+    s = np.dot(ez, _ones(classes))  # [S], each >= 1 unless the row underflowed to 0
+    ez /= s[:, None]  # p_s
+    p = np.dot(_ones(rows), ez)
+    p *= 1.0 / rows
+    label = int(p.argmax())  # the first maximum; a NaN's index if a row underflowed (0 / 0)
+    conf = p.item(label)
+    if not math.isfinite(conf):
+        return None
+    return _readonly(p), label, conf, (_rows_fields, (ez, z, s, p))
+
+
+def _rows_fields(p_s: np.ndarray, z: np.ndarray, s: np.ndarray, p: np.ndarray
+                 ) -> dict[str, Any]:
+    """``entropy`` H[mean_s p_s] and ``mutual_info`` H - mean_s H[p_s] (clamped at 0) of
+    :func:`rows_top`'s state; H[p_s] = log s - sum_k p_sk z_sk with z the shifted logits."""
+    expected = (sum(np.log(s).tolist()) - float(np.vdot(p_s, z))) / len(s)
+    entropy = max(-sum([v * math.log(v) for v in p.tolist() if v > 0.0]), 0.0)
+    return {"entropy": entropy, "mutual_info": max(entropy - expected, 0.0)}
+
+
+def lean_answer(c: Configuration, labels: Sequence[str], label: int, confidence: float,
+                lazy: Lazy, abstain: bool,
+                latency_ms: float, invoke_ms: float, met: bool, input_suspect: bool | None,
+                probs: np.ndarray | None = None) -> Prediction:
+    """:func:`answer` of a one-sample call without uncertainty statistics, the fields
+    ``lazy`` computes (``(function, arguments)``) made when first read
+    (``Prediction.__getattr__``): a point's probs and entropy, a head's entropy and mutual
+    information (its ``probs`` given)."""
     p = _new(Prediction)
-    p.__dict__.update(
-        label=label, class_name=labels[label], _lazy=(row, m, s, 1.0 / c.temperature),
-        confidence=confidence, mutual_info=0.0, abstain=abstain, width=c.width,
-        scope=c.scope, samples=c.samples, config_id=c.id, latency_ms=latency_ms,
-        budget_met=met, invoke_ms=invoke_ms, batch_size=1, ood_score=None,
-        in_distribution=None, prediction_set=None, input_suspect=input_suspect)
+    d = p.__dict__
+    d.update(label=label, class_name=labels[label], _lazy=lazy, confidence=confidence,
+             abstain=abstain, width=c.width, scope=c.scope, samples=c.samples,
+             config_id=c.id, latency_ms=latency_ms, budget_met=met, invoke_ms=invoke_ms,
+             batch_size=1, ood_score=None, in_distribution=None, prediction_set=None,
+             input_suspect=input_suspect)
+    if probs is None:
+        d["mutual_info"] = 0.0  # a point answer has no epistemic part
+    else:
+        d["probs"] = probs
     return p
 
 

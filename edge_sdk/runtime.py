@@ -35,7 +35,8 @@ from edge_sdk.bundle import width_key
 from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError
-from edge_sdk.prediction import BatchPrediction, Prediction, answer, draft, finish, probabilities
+from edge_sdk.prediction import (BatchPrediction, Prediction, answer, draft, finish,
+                                 lean_answer, point_top, probabilities, rows_top)
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
@@ -216,10 +217,21 @@ class EdgeModel(Executor):
                     self._inputs.one(x)
                     if self._suspect is not None:
                         self._suspect.one(x)
-                    pr, h, mi, lab, conf = probabilities(c, logits)
-                    if self._unc is not None:  # the score and the set: their own cost
+                    if self._unc is None:  # the lean answer _execute_one makes
+                        lp, lz = None, None
+                        if rows == 1:
+                            lab, conf, lz = point_top(c, logits)
+                        else:
+                            top = rows_top(c, logits)  # equal zero logits: never None
+                            assert top is not None
+                            lp, lab, conf, lz = top
+                        lean_answer(c, self._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
+                                    lp)
+                    else:
+                        pr, h, mi, lab, conf = probabilities(c, logits)
+                        # the score and the set: their own cost
                         self._uncertain(c, pr, [], c.id, None, probe=True)
-                    answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
+                        answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
                     times.append(time.perf_counter() - t0)
                 by_shape[shape] = statistics.median(times) * 1e3
             out[c.id] = by_shape[shape]

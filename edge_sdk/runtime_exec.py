@@ -26,11 +26,12 @@ from edge_sdk.prediction import (
     batch_probabilities,
     draft,
     draft_batch,
-    Top,
+    Lazy,
     finish,
-    point_answer,
+    lean_answer,
     point_top,
     probabilities,
+    rows_top,
 )
 from edge_sdk.uncertainty import cascade_key
 
@@ -199,12 +200,18 @@ class Executor:
             else:
                 logits, invoke = self._invoke(interps, xn)
             ood = ind = pset = None
-            top: Top | None = None
-            if self._unc is None and len(logits) == 1:
-                # a point answer without OOD statistics: probs and entropy wait until read
-                t = point_top(c, logits)
-                top, conf = t, t[4]
-            else:
+            # without OOD statistics the fields nobody may read wait until read (issue 34):
+            # a point's probs and entropy, a head's entropy and mutual information
+            lazy: Lazy | None = None
+            lean_probs = None
+            if self._unc is None:
+                if len(logits) == 1:
+                    label, conf, lazy = point_top(c, logits)
+                else:
+                    rt = rows_top(c, logits)
+                    if rt is not None:
+                        lean_probs, label, conf, lazy = rt
+            if lazy is None:
                 probs, entropy, mi, label, conf = probabilities(c, logits)
                 if self._unc is not None:
                     ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
@@ -217,8 +224,9 @@ class Executor:
                 policy.observe(c.id, total - built)
             met = (budget.latency_ms is None or total <= budget.latency_ms) and \
                 policy.fits_memory(c, budget)
-            if top is not None:
-                return point_answer(c, self._labels, top, abstain, total, invoke, met, suspect)
+            if lazy is not None:
+                return lean_answer(c, self._labels, label, conf, lazy, abstain, total, invoke,
+                                   met, suspect, lean_probs)
             return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
                           invoke, met, 1, ood, ind, pset, suspect)
         built = invoke = 0.0

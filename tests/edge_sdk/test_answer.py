@@ -144,53 +144,87 @@ def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
 # ------------------------------------------------- (issue 34) probs and entropy when read
 
 
-@given(logits=hnp.arrays(np.float32, (1, CLASSES), elements=finite), t=temperatures)
-def test_a_lazy_point_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
-    from edge_sdk.prediction import point_answer, point_top, probabilities
+def _lean(model, c, logits):
+    from edge_sdk.prediction import lean_answer, point_top, rows_top
+
+    if len(logits) == 1:
+        label, conf, lazy = point_top(c, logits)
+        probs = None
+    else:
+        probs, label, conf, lazy = rows_top(c, logits)
+    return lean_answer(c, model.manifest.labels, label, conf, lazy, False, 1.0, 0.5, True, None,
+                       probs)
+
+
+@given(logits=st.one_of(hnp.arrays(np.float32, (1, CLASSES), elements=finite),
+                        hnp.arrays(np.float32, (4, CLASSES), elements=finite)),
+       t=temperatures)
+def test_a_lean_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
+    from edge_sdk.prediction import probabilities
 
     c = dataclasses.replace(model.manifest.configurations[0], temperature=t)
     probs, entropy, mi, label, conf = probabilities(c, logits)
-    lazy = point_answer(c, model.manifest.labels, point_top(c, logits), False, 1.0, 0.5, True,
-                        None)
-    assert (lazy.label, lazy.confidence, lazy.mutual_info) == (label, conf, mi)
-    assert "probs" not in vars(lazy)  # not computed until read
-    assert np.array_equal(lazy.probs, np.array(probs)) and lazy.entropy == entropy
-    assert not lazy.probs.flags.writeable
+    lean = _lean(model, c, logits)
+    assert (lean.label, lean.confidence) == (label, conf)
+    lazy = {"probs", "entropy"} if len(logits) == 1 else {"entropy", "mutual_info"}
+    assert not lazy & set(vars(lean))  # not computed until read
+    assert np.array_equal(lean.probs, np.array(probs))
+    assert (lean.entropy, lean.mutual_info) == (entropy, mi)
+    assert not lean.probs.flags.writeable
+    ref_p, ref_h, ref_mi = reference(logits, t)  # and both agree with edge_sdk.metrics
+    np.testing.assert_allclose(lean.probs, ref_p, rtol=0, atol=1e-12)
+    assert lean.entropy == pytest.approx(ref_h, abs=1e-9)
+    assert lean.mutual_info == pytest.approx(ref_mi, abs=1e-9)
 
 
+def test_a_row_that_underflows_under_the_global_shift_takes_the_exact_path(model):
+    """Rows 1,600 apart at T = 0.1: shifted by the global maximum the low row's exps are all
+    0, so rows_top declines and probabilities() shifts each row by its own maximum."""
+    from edge_sdk.prediction import rows_top
+
+    logits = np.array([[80.0] + [0.0] * (CLASSES - 1), [-80.0] * CLASSES], np.float32)
+    c = dataclasses.replace(model.manifest.configurations[0], temperature=0.1)
+    assert rows_top(c, logits) is None
+    ans = check(model, logits, 0.1)  # against edge_sdk.metrics
+    assert ans.label == 0
+
+
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_a_lazy_point_answer_refuses_non_finite_logits_at_once(model, bad):
+def test_a_lean_answer_refuses_non_finite_logits_at_once(model, bad, rows):
     from edge_sdk.errors import OutputError
-    from edge_sdk.prediction import point_top
 
-    logits = np.zeros((1, CLASSES), np.float32)
-    logits[0, 3] = bad
+    logits = np.zeros((rows, CLASSES), np.float32)
+    logits[-1, 3] = bad
     with pytest.raises(OutputError, match="answered non-finite values"):
-        point_top(model.manifest.configurations[0], logits)
+        _lean(model, model.manifest.configurations[0], logits)
 
 
-def test_a_lazy_prediction_behaves_as_any_prediction(bundle):
+@pytest.mark.parametrize("scope", ["point", "head"])
+def test_a_lazy_prediction_behaves_as_any_prediction(bundle, scope):
     import copy
     import pickle
 
     eager = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
     lean = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB,
                          uncertainty=False)
-    point = next(c for c in lean.manifest.configurations if c.scope == "point")
+    cfg = next(c for c in lean.manifest.configurations if c.scope == scope)
     x = np.random.default_rng(0).uniform(*lean.manifest.input.value_range,
                                          lean.manifest.input.shape[1:]).astype(np.float32)
-    a, b = eager.predict(x, config_id=point.id), lean.predict(x, config_id=point.id)
+    a, b = eager.predict(x, config_id=cfg.id), lean.predict(x, config_id=cfg.id)
     assert "_lazy" in vars(b) and "_lazy" not in vars(a)
-    fresh = lean.predict(x, config_id=point.id)
+    fresh = lean.predict(x, config_id=cfg.id)
     for got in (pickle.loads(pickle.dumps(fresh)), copy.copy(fresh), copy.deepcopy(fresh)):
-        assert np.array_equal(got.probs, a.probs) and got.entropy == a.entropy
-    assert np.array_equal(b.probs, a.probs) and b.entropy == a.entropy
+        assert np.array_equal(got.probs, a.probs)
+        assert (got.entropy, got.mutual_info) == (a.entropy, a.mutual_info)
+    assert np.array_equal(b.probs, a.probs)
+    assert (b.entropy, b.mutual_info) == (a.entropy, a.mutual_info)
     assert "_lazy" not in vars(b)  # computed once, then plain attributes
     same = dataclasses.replace(b, latency_ms=a.latency_ms, invoke_ms=a.invoke_ms,
                                ood_score=a.ood_score, in_distribution=a.in_distribution,
                                prediction_set=a.prediction_set, abstain=a.abstain)
     assert same == a and hash(same) == hash(a)
     assert b.to_dict()["probs"] == a.probs.tolist()
-    assert "probs=array(" in repr(fresh)
+    assert "entropy=" in repr(fresh)
     with pytest.raises(AttributeError, match="has no attribute 'lable'"):
         fresh.lable  # noqa: B018

@@ -114,3 +114,36 @@ def test_the_memory_cap_is_a_memory_limit_of_every_decision():
     pol = policy(cs, memory_cap_mb=3.0)
     assert ids(pol.plan(Budget())) == ["w050"]
     assert pol.memory_limit_mb(Budget(memory_mb=10)) == 3.0
+
+
+# ------------------------------------------- (issue 34) call_stages' fast path equals plan()
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=500, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["w025", "w050", "w100"]),
+                                 st.floats(0.1, 20.0), st.floats(0.0, 10.0)), max_size=8),
+       latency=st.one_of(st.none(), st.floats(0.1, 12.0)), memory=st.floats(0.5, 10.0),
+       calls=st.integers(0, 300), now=st.floats(0.0, 20.0))
+def test_call_stages_answers_what_plan_answers(events, latency, memory, calls, now):
+    """Whatever the measurements (ages in seconds and in decisions), the budget and the
+    incumbent, the runtime's cheap call_stages (with its inlined prediction) executes the
+    stages plan() makes, and records the same decision."""
+    cs = [dataclasses.replace(c, memory_mb=m) for c, m in zip(ladder(plans=False), (1, 2, 4))]
+    pols = []
+    for _ in range(2):
+        clock = FakeClock()
+        pol = Policy(cs, MemoryProbe(reader=lambda: 1e9, clock=FakeClock()), clock=clock)
+        for cid, ms, t in events:
+            clock.t = t
+            pol.observe(cid, ms)
+            pol._calls += 7
+        pol._calls += calls
+        clock.t = max([t for _, _, t in events] + [0.0]) + now
+        pols.append(pol)
+    fast, slow = pols
+    budget = Budget(latency_ms=latency, memory_mb=memory)
+    for _ in range(3):  # the second and third calls have an incumbent
+        assert [s.config.id for s in fast.call_stages(budget)] == ids(slow.plan(budget))
+        assert (fast._last, fast._calls) == (slow._last, slow._calls)
