@@ -381,17 +381,22 @@ class Policy:
                 if latency is not None:
                     if now is None:
                         now = self._clock()
-                    m = measured.get(cid) if n == 1 else None
-                    if m is None or cid not in prior_e2e:
+                    prior = prior_e2e.get(cid) if n == 1 else None
+                    if prior is None:
                         pred = self._predicted(c, now, n)
                     else:
                         # _predicted(c, now, 1) inline (issue 34: ~0.5 us less per
-                        # configuration ranked above the choice): the prior blended in by age
-                        age = max((now - m[1]) / self.half_life_s,
-                                  (self._calls - m[2]) / self.half_life_calls)
-                        stale = 1.0 - 0.5 ** age
-                        pred = m[0] if stale < 1e-3 else \
-                            (1 - stale) * m[0] + stale * prior_e2e[cid]
+                        # configuration ranked above the choice): the prior until measured,
+                        # then the measurement with the prior blended in by its age
+                        m = measured.get(cid)
+                        if m is None:
+                            pred = prior
+                        else:
+                            age = max((now - m[1]) / self.half_life_s,
+                                      (self._calls - m[2]) / self.half_life_calls)
+                            stale = 1.0 - 0.5 ** age
+                            pred = m[0] if stale < 1e-3 else \
+                                (1 - stale) * m[0] + stale * prior
                     if pred > latency:
                         continue
                 if last is None or last == cid:
