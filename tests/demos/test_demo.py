@@ -84,8 +84,11 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
     # the demo may give both phases the same budget (the tightest one a configuration met on
     # >= 98 % of its warm-up calls): then they are one constraint and which of two equally
     # fitting configurations answers is timing noise, not a costlier choice
+    # Plus 2 us: the narrow digits slices' manifest latencies are single invokes of 3-6 us
+    # measured once at export, whose order can invert by a microsecond or two (a full test
+    # run failed once on phase means of 0.00519 vs 0.00372 ms: w0.25 and w0.50 both tiny)
     if budget("CPU shared") < budget("battery saver"):
-        assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"])
+        assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"]) + 0.002
     assert cost(phases["battery saver"]) <= 1.03 * cost(phases["unconstrained"])
     # the cascade climbs widths within one scope
     assert len({by_id[r["config_id"]].scope for r in phases["cascade"]}) == 1
