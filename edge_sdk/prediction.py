@@ -116,24 +116,10 @@ def probabilities(c: Configuration, logits: np.ndarray
     confidence) from ``[S, C]`` logits, at the configuration's temperature. The maths of
     edge_sdk.metrics (predictive entropy H[mean_s p_s], MI = H[mean p] - mean_s H[p_s]
     clamped at 0); the label is the first maximum of the probabilities."""
-    inv_t = 1.0 / c.temperature
-    if logits.shape[0] == 1:
-        # one sample (point): plain floats, several times cheaper than numpy on ten classes;
-        # H[p] = log sum e^z - sum p z with z the shifted logits (no log 0)
-        row = logits[0].tolist()
-        m = max(row)
-        e = [math.exp((v - m) * inv_t) for v in row]
-        s = sum(e)
-        probs = [v / s for v in e]
-        # sum_k p_k z_k with z = (row - m) / T, using sum_k p_k = 1
-        entropy = math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m) if s > 0 \
-            else math.nan
-        if not (math.isfinite(entropy) and math.isfinite(s)):  # NaN or inf in: never NaN out
-            _non_finite(c, logits)
-        # the maximum's exp is exactly 1: its probability is 1 / s, and the first maximum of
-        # the logits is the first maximum of the probabilities (exp is monotone)
-        label = row.index(m)
-        return probs, max(entropy, 0.0), 0.0, label, probs[label]
+    if logits.shape[0] == 1:  # one sample (point): point_top's maths, every field at once
+        label, conf, (_, args) = point_top(c, logits)
+        probs, entropy = _point_lists(*args)
+        return probs, entropy, 0.0, label, conf
     # several rows (head, all): numpy, with as few calls as the maths allows (rows_top)
     top = rows_top(c, logits)
     if top is None:
@@ -151,27 +137,47 @@ Lazy = tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]
 def point_top(c: Configuration, logits: np.ndarray) -> tuple[int, float, Lazy]:
     """(label, confidence, how to make probs and entropy) of one point sample's ``[1, C]``
     logits: what a call needs at once (issue 34: the SDK's microseconds). The probabilities
-    and entropy follow when read (:func:`_point_fields`), equal to :func:`probabilities`' to
-    the last bit (the same expressions)."""
+    and entropy follow when read (:func:`_point_fields`); :func:`probabilities` makes them at
+    once from the same values. Plain floats: several times cheaper than numpy on ten classes."""
     inv_t = 1.0 / c.temperature
     row = logits[0].tolist()
     m = max(row)
-    s = sum([math.exp((v - m) * inv_t) for v in row])
+    e = [math.exp((v - m) * inv_t) for v in row]
+    s = sum(e)
     # a NaN or +-inf logit makes the row's sum non-finite (float32 values cannot overflow a
     # float64 sum); the maximum's exp is exactly 1, so a finite row has 1 <= s <= C
     if not (math.isfinite(sum(row)) and s >= 1.0):
         _non_finite(c, logits)
-    # the first maximum of the logits is the first maximum of the probabilities, as in
-    # probabilities(); its probability is exp(0) / s
-    return row.index(m), 1.0 / s, (_point_fields, (row, m, s, inv_t))
+    # the first maximum of the logits is the first maximum of the probabilities (exp is
+    # monotone); its probability is exp(0) / s
+    return row.index(m), 1.0 / s, (_point_fields, (row, m, e, s, inv_t))
 
 
-def _point_fields(row: list[float], m: float, s: float, inv_t: float) -> dict[str, Any]:
-    """``probs`` (read-only) and ``entropy`` of :func:`point_top`'s row, as
-    :func:`probabilities`."""
-    probs = [math.exp((v - m) * inv_t) / s for v in row]
+def _point_lists(row: list[float], m: float, e: list[float], s: float, inv_t: float
+                 ) -> tuple[list[float], float]:
+    """(probs, entropy) of :func:`point_top`'s row: H[p] = log sum e^z - sum p z with z the
+    shifted, tempered logits (no log 0), using sum_k p_k = 1."""
+    probs = [v / s for v in e]
     entropy = math.log(s) - inv_t * (sum(map(operator.mul, probs, row)) - m)
-    return {"probs": _readonly(np.array(probs, np.float64)), "entropy": max(entropy, 0.0)}
+    return probs, max(entropy, 0.0)
+
+
+def _point_fields(row: list[float], m: float, e: list[float], s: float, inv_t: float
+                  ) -> dict[str, Any]:
+    """``probs`` (read-only) and ``entropy`` of :func:`point_top`'s row, when first read."""
+    probs, entropy = _point_lists(row, m, e, s, inv_t)
+    return {"probs": _readonly(np.array(probs, np.float64)), "entropy": entropy}
+
+
+def lean_top(c: Configuration, logits: np.ndarray
+             ) -> tuple[np.ndarray | None, int, float, Lazy] | None:
+    """(probs or None, label, confidence, the rest when read) of ``[S, C]`` logits for
+    :func:`lean_answer`: :func:`point_top` for one row (probs made when read), else
+    :func:`rows_top` (None when a row underflows: then :func:`probabilities`)."""
+    if len(logits) == 1:
+        label, conf, lazy = point_top(c, logits)
+        return None, label, conf, lazy
+    return rows_top(c, logits)
 
 
 _ONES: dict[int, np.ndarray] = {}
@@ -184,10 +190,11 @@ def _ones(n: int) -> np.ndarray:
     return o
 
 
-def rows_top(c: Configuration, logits: np.ndarray) -> tuple[np.ndarray, int, float, Lazy] | None:
+def rows_top(c: Configuration, logits: np.ndarray
+             ) -> tuple[np.ndarray, int, float, Lazy] | None:
     """(read-only mean probabilities [C], label, confidence, how to make the entropy and
-    mutual information: :func:`_rows_fields`) of ``[S, C]`` logits, S > 1: one shift by the global maximum, sums as
-    products with ones (issue 34: a numpy reduction costs ~1 us on [8, 10], an argmax or a
+    mutual information: :func:`_rows_fields`) of ``[S, C]`` logits, S > 1: one shift by the
+    global maximum, sums as products with ones (issue 34: a numpy reduction costs ~1 us on [8, 10], an argmax or a
     dot product ~0.3-0.6). None when a row lies so far below the maximum that it underflows:
     then the per-row shift of :func:`_rows_exact`. Non-finite logits are refused."""
     rows, classes = logits.shape
@@ -257,7 +264,7 @@ def _rows_exact(c: Configuration, logits: np.ndarray) -> tuple[list[float], floa
     return p.tolist(), entropy, max(entropy - expected, 0.0)
 
 
-_MAXR, _ADDR = np.maximum.reduce, np.add.reduce
+_ADDR = np.add.reduce
 
 
 def _non_finite(c: Configuration, logits: np.ndarray) -> NoReturn:

@@ -36,7 +36,7 @@ from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError
 from edge_sdk.prediction import (BatchPrediction, Prediction, answer, draft, finish,
-                                 lean_answer, point_top, probabilities, rows_top)
+                                 lean_answer, lean_top, probabilities)
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
@@ -217,14 +217,9 @@ class EdgeModel(Executor):
                     self._inputs.one(x)
                     if self._suspect is not None:
                         self._suspect.one(x)
-                    if self._unc is None:  # the lean answer _execute_one makes
-                        lp, lz = None, None
-                        if rows == 1:
-                            lab, conf, lz = point_top(c, logits)
-                        else:
-                            top = rows_top(c, logits)  # equal zero logits: never None
-                            assert top is not None
-                            lp, lab, conf, lz = top
+                    lean = lean_top(c, logits) if self._unc is None else None
+                    if lean is not None:  # the lean answer _execute_one makes
+                        lp, lab, conf, lz = lean
                         lean_answer(c, self._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
                                     lp)
                     else:

@@ -26,12 +26,10 @@ from edge_sdk.prediction import (
     batch_probabilities,
     draft,
     draft_batch,
-    Lazy,
     finish,
     lean_answer,
-    point_top,
+    lean_top,
     probabilities,
-    rows_top,
 )
 from edge_sdk.uncertainty import cascade_key
 
@@ -202,16 +200,10 @@ class Executor:
             ood = ind = pset = None
             # without OOD statistics the fields nobody may read wait until read (issue 34):
             # a point's probs and entropy, a head's entropy and mutual information
-            lazy: Lazy | None = None
-            lean_probs = None
-            if self._unc is None:
-                if len(logits) == 1:
-                    label, conf, lazy = point_top(c, logits)
-                else:
-                    rt = rows_top(c, logits)
-                    if rt is not None:
-                        lean_probs, label, conf, lazy = rt
-            if lazy is None:
+            lean = lean_top(c, logits) if self._unc is None else None
+            if lean is not None:
+                lean_probs, label, conf, lazy = lean
+            else:
                 probs, entropy, mi, label, conf = probabilities(c, logits)
                 if self._unc is not None:
                     ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
@@ -224,7 +216,7 @@ class Executor:
                 policy.observe(c.id, total - built)
             met = (budget.latency_ms is None or total <= budget.latency_ms) and \
                 policy.fits_memory(c, budget)
-            if lazy is not None:
+            if lean is not None:
                 return lean_answer(c, self._labels, label, conf, lazy, abstain, total, invoke,
                                    met, suspect, lean_probs)
             return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
