@@ -222,10 +222,8 @@ class Policy:
         if old is None:
             new = latency_ms
         else:
-            # _stale and _blend inline: this runs on every call (issue 34's microseconds)
-            age = max((now - old[1]) / self.half_life_s,
-                      (self._calls - old[2]) / self.half_life_calls)
-            stale = 1.0 - 0.5 ** age
+            # _blend and _end_to_end_prior inline: this runs on every call (issue 34)
+            stale = self._stale(old, now)
             a = max(self.ewma, stale)
             pred = old[0]
             if stale >= 1e-3 and config_id in self._by_id:
@@ -392,9 +390,7 @@ class Policy:
                         if m is None:
                             pred = prior
                         else:
-                            age = max((now - m[1]) / self.half_life_s,
-                                      (self._calls - m[2]) / self.half_life_calls)
-                            stale = 1.0 - 0.5 ** age
+                            stale = self._stale(m, now)
                             pred = m[0] if stale < 1e-3 else \
                                 (1 - stale) * m[0] + stale * prior
                     if pred > latency:
