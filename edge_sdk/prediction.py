@@ -226,6 +226,46 @@ def _rows_fields(p_s: np.ndarray, z: np.ndarray, s: np.ndarray, p: np.ndarray
     return {"entropy": entropy, "mutual_info": max(entropy - expected, 0.0)}
 
 
+def answer_top(c: Configuration, p: np.ndarray, logits: np.ndarray | None
+               ) -> tuple[np.ndarray | None, int, float, Lazy] | None:
+    """:func:`lean_top` of a slice whose graph computed the answer (:mod:`edge_sdk.answer_graph`):
+    ``p`` its mean tempered probabilities ``[1, C]`` (float32), ``logits`` the head's ``[S, C]``
+    rows (None for a point: its fields need only ``p``). None when ``p`` holds a NaN, i.e. a
+    logit was not finite (the graph's guard; ``argmax`` returns a NaN's index when there is
+    one): the caller refuses the call with the logits."""
+    label = int(p.argmax())  # the first maximum, as the Python path's
+    conf = p.item(label)
+    if conf != conf:
+        return None
+    if logits is None:
+        return None, label, conf, (_answer_point_fields, (p,))
+    probs = _readonly(p.reshape(-1).astype(np.float64))
+    return probs, label, conf, (_answer_rows_fields, (c, logits))
+
+
+def _answer_point_fields(p: np.ndarray) -> dict[str, Any]:
+    """``probs`` (read-only float64) and ``entropy`` -sum p log p of the graph's answer."""
+    probs = _readonly(p.reshape(-1).astype(np.float64))
+    entropy = -sum([v * math.log(v) for v in probs.tolist() if v > 0.0])
+    return {"probs": probs, "entropy": max(entropy, 0.0)}
+
+
+def _answer_rows_fields(c: Configuration, logits: np.ndarray) -> dict[str, Any]:
+    """``entropy`` and ``mutual_info`` of a head's rows, in float64 from its logits (so rows
+    that agree have exactly none)."""
+    _, entropy, mi = _rows_exact(c, logits)
+    return {"entropy": entropy, "mutual_info": mi}
+
+
+def eager_fields(top: tuple[np.ndarray | None, int, float, Lazy]
+                 ) -> tuple[list[float], float, float, int, float]:
+    """:func:`probabilities`' five values from a lean answer's parts, every field made now."""
+    probs, label, conf, (fn, args) = top
+    f = fn(*args)
+    return ((f["probs"] if probs is None else probs).tolist(), f["entropy"],
+            f.get("mutual_info", 0.0), label, conf)
+
+
 def lean_answer(c: Configuration, labels: Sequence[str], label: int, confidence: float,
                 lazy: Lazy, abstain: bool,
                 latency_ms: float, invoke_ms: float, met: bool, input_suspect: bool | None,
@@ -318,6 +358,10 @@ def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
     """The calibrated probabilities of ``[n, S, C]`` logits in one numpy pass (predict_batch:
     issue 34 asks for <= 1.1x the raw batched invoke, so per-sample Python is out)."""
     n, rows, classes = logits.shape
+    # a NaN or +-inf logit makes the float64 sum of all of them non-finite (float32 values
+    # cannot overflow it): refused as one call's are (-inf too: its softmax would be finite)
+    if not math.isfinite(float(_ADDR(logits.reshape(-1), dtype=np.float64))):
+        _non_finite(c, logits)
     if rows == 1:
         # (issue 34) a reduction along a short last axis costs 2-4 us on [64, 10] here, so the
         # row maximum comes from the argmax (needed anyway) and the row sum from a product
@@ -326,12 +370,7 @@ def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
         labels = x.argmax(1)  # the first maximum, as probabilities(); a NaN row's NaN
         z = x.astype(np.float64)
         top = z[np.arange(n), labels]
-        # a NaN or +-inf row maximum (a NaN or +inf logit) makes the float64 sum of the maxima
-        # non-finite (float32 values cannot overflow it): one cheap check, before the shift
-        # would compute inf - inf; a finite maximum leaves z <= 0 finite or -inf, so the sums
-        # below lie in [1, C]
-        if not math.isfinite(float(_ADDR(top))):
-            _non_finite(c, logits)
+        # every logit finite: z <= 0 after the shift, so the sums below lie in [1, C]
         z -= top[:, None]
         z *= 1.0 / c.temperature
         p = np.exp(z)
@@ -348,8 +387,6 @@ def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
     s_rows = e.sum(-1)
     p_s = e / s_rows[..., None]  # [n, S, C]
     p = p_s.mean(1)
-    if not np.isfinite(p).all():  # NaN rows: a NaN logit; an inf one makes NaN too
-        _non_finite(c, logits)
     labels = p.argmax(1)  # the first maximum, as probabilities()
     conf = p[np.arange(n), labels]
     for a in (p, labels, conf):

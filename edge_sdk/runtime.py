@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from edge_sdk.answer_graph import ANSWER, with_answer
 from edge_sdk.backends import check_bundle, interpreter_class
 from edge_sdk.budget import MAX_MEMORY_MB, Budget, MemoryProbe, bounded_number, check_budget
 from edge_sdk.bundle import Configuration, FileEntry, InputSpec, Manifest, read_manifest
@@ -35,7 +36,8 @@ from edge_sdk.bundle import width_key
 from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError
-from edge_sdk.prediction import (BatchPrediction, Prediction, answer, draft, finish,
+from edge_sdk.prediction import (BatchPrediction, Prediction, answer, answer_top, draft,
+                                 eager_fields, finish,
                                  lean_answer, lean_top, probabilities)
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
@@ -149,6 +151,17 @@ class EdgeModel(Executor):
         self._labels = tuple(self.manifest.labels)
         self._configs = {c.id: c for c in self.manifest.configurations}
         self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
+        # (issue 34) the answer's softmax in the graph (edge_sdk/answer_graph.py): for the
+        # point and head slices no other configuration lists (an all-scope sample file serves
+        # several S, each with its own temperature); their appended bytes, made once
+        users: dict[str, int] = {}
+        for c in self.manifest.configurations:
+            for f in c.files:
+                users[f.name] = users.get(f.name, 0) + 1
+        self._answerable = {c.files[0].name: c for c in self.manifest.configurations
+                            if c.scope in ("point", "head") and len(c.files) == 1
+                            and users[c.files[0].name] == 1}
+        self._answered: dict[str, bytes | None] = {}
         self.policy = Policy(
             self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
             hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
@@ -208,22 +221,26 @@ class EdgeModel(Executor):
         out = {}
         for c in self.manifest.configurations:
             rows = 1 if c.scope == "point" else c.samples
-            shape = (rows, c.invokes)
+            graph = c.files[0].name in self._answerable  # edge_sdk.answer_graph
+            shape = (rows, c.invokes, graph)
             if shape not in by_shape:
                 logits = np.zeros((rows, self._classes), np.float32)
+                p = np.full((1, self._classes), 1 / self._classes, np.float32)
                 times = []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
                     self._inputs.one(x)
                     if self._suspect is not None:
                         self._suspect.one(x)
-                    lean = lean_top(c, logits) if self._unc is None else None
-                    if lean is not None:  # the lean answer _execute_one makes
-                        lp, lab, conf, lz = lean
+                    top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
+                           else lean_top(c, logits))
+                    if self._unc is None and top is not None:  # _execute_one's lean answer
+                        lp, lab, conf, lz = top
                         lean_answer(c, self._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
                                     lp)
                     else:
-                        pr, h, mi, lab, conf = probabilities(c, logits)
+                        pr, h, mi, lab, conf = probabilities(c, logits) if top is None \
+                            else eager_fields(top)
                         # the score and the set: their own cost
                         self._uncertain(c, pr, [], c.id, None, probe=True)
                         answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
@@ -422,21 +439,39 @@ class EdgeModel(Executor):
         return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met,
                       abstain_on_ood=self.abstain_on_ood)
 
-    def _build(self, c: Configuration, files: Sequence[FileEntry] | None = None
-               ) -> list[Interp]:
+    def _build(self, c: Configuration, files: Sequence[FileEntry] | None = None,
+               answer: bool = True) -> list[Interp]:
         """The interpreters of ``c``'s files (``files``: only those), created and allocated:
-        ``[(interpreter, input index, output index)]`` per file. A store bundle's slice is
-        materialised and verified here if it is not resident (part of the first-use cost)."""
+        ``[(interpreter, input index, logits index, answer index or -1)]`` per file. A store
+        bundle's slice is materialised and verified here if it is not resident (part of the
+        first-use cost). ``answer``: a point or head slice gets the answer's softmax appended
+        (:mod:`edge_sdk.answer_graph`; False: the slice's own graph, for benchmarks)."""
         interps: list[Interp] = []
         for f in c.files if files is None else files:
             # verified bytes only: read and checked at load(), or materialised and checked
-            it = self._interp_cls(model_content=self._slices[f.name], num_threads=self.threads,
+            data = self._slices[f.name]
+            if answer and f.name in self._answerable:
+                data = self._with_answer(f.name, data)
+            it = self._interp_cls(model_content=data, num_threads=self.threads,
                                   model_name=f.name)
             it.allocate_tensors()
             # tensor indices looked up once: get_*_details() costs more than a small invoke
-            interps.append((it, it.get_input_details()[0]["index"],
-                            it.get_output_details()[0]["index"]))
+            outs = it.get_output_details()
+            ans = next((int(o["index"]) for o in outs if o["name"] == ANSWER), -1)
+            interps.append((it, it.get_input_details()[0]["index"], outs[0]["index"], ans))
         return interps
+
+    def _with_answer(self, name: str, data: bytes) -> bytes:
+        """``name``'s bytes with the answer's softmax appended, made once per process (the
+        same for every thread); its own bytes when its graph cannot take it."""
+        out = self._answered.get(name, False)
+        if out is False:
+            c = self._answerable[name]
+            out = with_answer(data, c.temperature, c.samples if c.scope == "head" else 1,
+                              f"{self.bundle_dir}: {name}")
+            with self._lock:
+                self._answered[name] = out
+        return data if out is None else out
 
     def _interpreters(self, c: Configuration) -> list[Interp]:
         """``c``'s interpreters for this thread at batch 1 (benchmarks)."""
@@ -490,7 +525,7 @@ class EdgeModel(Executor):
             t0 = self._clock()
             for e in entries:
                 if e[1] != n:
-                    it, inp, _ = e[0]
+                    it, inp = e[0][0], e[0][1]
                     it.resize_tensor_input(inp, [n, *self._inputs.want])
                     it.allocate_tensors()
                     e[1] = n
@@ -505,7 +540,7 @@ class EdgeModel(Executor):
         t0 = self._clock()
         entries: list[list[Any]] = []  # [interpreter, its batch size]
         for f, interp in zip(files, self._build(c, files)):
-            it, inp, _ = interp
+            it, inp = interp[0], interp[1]
             it.set_tensor(inp, np.zeros(self._inputs.want, np.float32)[None])
             it.invoke()
             entries.append([interp, 1])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import numpy as np
 import numpy.typing as npt
 
+from edge_sdk.answer_graph import ANSWER
 from edge_sdk.errors import AllocationError, BundleError, EdgeSdkError
 from edge_sdk.budget import Budget
 from edge_sdk.policy import Stage
@@ -21,11 +22,15 @@ from edge_sdk.bundle import Configuration
 from edge_sdk.prediction import (
     BatchPrediction,
     Draft,
+    Lazy,
     Prediction,
+    _non_finite,
     answer,
+    answer_top,
     batch_probabilities,
     draft,
     draft_batch,
+    eager_fields,
     finish,
     lean_answer,
     lean_top,
@@ -40,9 +45,10 @@ if TYPE_CHECKING:
     from edge_sdk.policy import Policy
     from edge_sdk.uncertainty import Uncertainty
 
-# One interpreter of a slice: (the backend's interpreter, its input and output tensor indices).
-# The interpreters come from the backend by name (no stubs), hence Any.
-Interp = tuple[Any, int, int]
+# One interpreter of a slice: (the backend's interpreter, its input, logits and answer tensor
+# indices; the answer: edge_sdk.answer_graph, -1 when the slice has none). The interpreters
+# come from the backend by name (no stubs), hence Any.
+Interp = tuple[Any, int, int, int]
 Logits = npt.NDArray[np.float32]
 
 _RESIZE_ERRORS = (RuntimeError, ValueError)  # what LiteRT raises for a batch it cannot take
@@ -76,7 +82,8 @@ class Executor:
         once and checked against the statistics' dimension."""
         fi = self._feat.get(c.id)
         if fi is None:
-            outs = it.get_output_details()
+            # the slice's own outputs: the answer graph appends one (edge_sdk.answer_graph)
+            outs = [o for o in it.get_output_details() if o["name"] != ANSWER]
             assert self._unc is not None  # only asked for with the bundle's OOD statistics
             dim = self._unc.widths[self._unc_width[c.id]].dim
             if len(outs) < 2 or int(outs[1]["shape"][-1]) != dim:
@@ -154,13 +161,13 @@ class Executor:
         t0 = self._clock()
         logits: Logits
         if len(interps) == 1:  # point and head: one invoke
-            it, inp, out = interps[0]
+            it, inp, out, _ = interps[0]
             it.set_tensor(inp, x)
             it.invoke()
             logits = it.get_tensor(out).reshape(-1, classes)
         else:
             rows: list[Logits] = []
-            for it, inp, out in interps:
+            for it, inp, out, _ in interps:
                 it.set_tensor(inp, x)
                 it.invoke()
                 rows.append(it.get_tensor(out).reshape(-1, classes))
@@ -187,24 +194,35 @@ class Executor:
         if len(stages) == 1:  # the common case, kept lean: this is all SDK time (issue 34)
             c = stages[0].config
             interps, built = self._resident(c, 1)
+            top: tuple[np.ndarray | None, int, float, Lazy] | None
             if len(interps) == 1:  # point and head: one invoke, inline
-                it, inp, out = interps[0]
+                it, inp, out, ans = interps[0]
                 i0 = clock()
                 it.set_tensor(inp, xn)
                 it.invoke()
-                logits: Logits = it.get_tensor(out)
-                invoke = (clock() - i0) * 1000
-                logits = logits.reshape(-1, self._classes)
+                if ans >= 0:  # the softmax ran in the graph (edge_sdk.answer_graph)
+                    p = it.get_tensor(ans)
+                    logits = it.get_tensor(out) if c.scope == "head" else None
+                    invoke = (clock() - i0) * 1000
+                    top = answer_top(c, p, logits)
+                    if top is None:  # the graph's guard: a logit was not finite
+                        _non_finite(c, it.get_tensor(out))
+                else:
+                    logits = it.get_tensor(out).reshape(-1, self._classes)
+                    invoke = (clock() - i0) * 1000
+                    top = lean_top(c, logits)
             else:
                 logits, invoke = self._invoke(interps, xn)
+                top = lean_top(c, logits)
             ood = ind = pset = None
             # without OOD statistics the fields nobody may read wait until read (issue 34):
             # a point's probs and entropy, a head's entropy and mutual information
-            lean = lean_top(c, logits) if self._unc is None else None
+            lean = top if self._unc is None else None
             if lean is not None:
                 lean_probs, label, conf, lazy = lean
             else:
-                probs, entropy, mi, label, conf = probabilities(c, logits)
+                probs, entropy, mi, label, conf = probabilities(c, logits) if top is None \
+                    else eager_fields(top)  # (top None: a head's row underflowed)
                 if self._unc is not None:
                     ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
             threshold = c.thresholds[self._target_key]
@@ -297,7 +315,7 @@ class Executor:
             else:
                 t0 = self._clock()
                 outs: list[Logits] = []
-                for it, inp, out in interps:
+                for it, inp, out, _ in interps:
                     it.set_tensor(inp, xb)
                     it.invoke()
                     outs.append(it.get_tensor(out).reshape(n, -1, self._classes))

@@ -20,7 +20,7 @@ def invoke_clock(m: runtime.EdgeModel, step_ms: float) -> runtime.EdgeModel:
     clock = InvokeClock(step_ms)
     seen = set()
     for c in m.manifest.configurations:
-        for it, _, _ in m._interpreters(c):
+        for it, *_ in m._interpreters(c):
             if id(it) in seen:  # configurations sharing a file share its interpreter
                 continue
             seen.add(id(it))

@@ -31,7 +31,7 @@ def counting(m):
 
     def build(c, *files):
         interps = real(c, *files)
-        for it, _, _ in interps:
+        for it, *_ in interps:
             def counted(inner=it.invoke, cid=c.id):
                 m.invokes.append(cid)
                 inner()

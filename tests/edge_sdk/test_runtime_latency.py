@@ -107,7 +107,7 @@ def test_a_new_interpreter_is_warmed_up_before_its_first_call(bundle, x):
 
     def build(cfg, *files):
         interps = real(cfg, *files)
-        for it, _, _ in interps:
+        for it, *_ in interps:
             def counted(inner=it.invoke):
                 invokes.append(cfg.id)
                 inner()

@@ -110,15 +110,18 @@ def test_a_duplicate_profile_key_is_refused_on_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------- non-finite answers
-def test_logits_that_overflow_are_refused_not_answered_as_nan(bundle, tmp_path):
+@pytest.mark.parametrize("sign", [1, -1])
+def test_logits_that_overflow_are_refused_not_answered_as_nan(bundle, tmp_path, sign):
     """Finite weights can still overflow float32 together: the answer is an OutputError, never
-    NaN probabilities with label 0."""
+    NaN probabilities with label 0. -inf logits make a finite softmax (exp(-inf) = 0): only
+    the answer graph's guard (edge_sdk.answer_graph) turns them into the NaN that is refused."""
     spec = read_manifest(bundle).input
     n_in = int(np.prod(spec.shape))
     g = GraphBuilder()
     x = g.add_input("input", spec.shape)
     f = g.reshape(x, (-1, n_in), name="flat")
-    w = np.full((10, n_in), 3e38, np.float32)  # x * 3e38 summed over 64 inputs: inf
+    w = np.full((10, n_in), sign * 3e38, np.float32)  # x * 3e38 summed over 64 inputs: inf
+    w[0] = 0.0  # one finite logit: with -inf elsewhere the softmax alone would answer 0
     g.mark_output(g.fully_connected(f, g.add_const(w, "w"), None, name="fc"), "logits")
     blob = g.finish(resizable_batch=True)
     b = tmp_path / "b"
@@ -136,9 +139,10 @@ def test_logits_that_overflow_are_refused_not_answered_as_nan(bundle, tmp_path):
                 f_["sha256"], f_["bytes"] = hashlib.sha256(blob).hexdigest(), len(blob)
     (b / MANIFEST_NAME).write_text(yaml.safe_dump(data, sort_keys=False))
     model = edge_sdk.load(b, profile=None, uncertainty=False)  # a hand-made slice: no features
+    assert model._interpreters(point)[0][3] >= 0  # answered by the graph
     xin = np.full(spec.shape[1:], spec.value_range[1], np.float32)
     with pytest.raises(OutputError, match=rf"configuration '{point.id}' answered non-finite "
-                                          r"values \(\d+ of 10 logits"):
+                                          r"values \(9 of 10 logits"):
         model.predict(xin, config_id=point.id)
     with pytest.raises(OutputError):
         model.predict_batch(np.stack([xin, xin]), config_id=point.id)

@@ -1,0 +1,114 @@
+"""edge_sdk.answer_graph: the answer's softmax appended to a slice's graph, run by the real
+interpreter. The appended output is the float64 maths of edge_sdk.metrics to float32 precision,
+leaves the logits bit-identical, marks every non-finite logit with a NaN, and survives a batch
+resize; the runtime answers through it for point and head slices only. No torch."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import edge_sdk
+from edge_sdk import metrics as M
+from edge_sdk.answer_graph import ANSWER, with_answer
+from edge_sdk.backends import interpreter_class
+from edge_sdk.graph_build import GraphBuilder
+
+CLASSES = 10
+PLENTY_MB = 1e6
+
+
+def logits_passthrough(samples: int) -> bytes:
+    """A slice whose logits [S, C] are its input [1, S * C]: any logits can be fed."""
+    g = GraphBuilder()
+    x = g.add_input("input", (1, samples * CLASSES))
+    g.mark_output(g.reshape(x, (samples, CLASSES), name="r"), "logits")
+    return g.finish()
+
+
+def run(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
+    cls, _ = interpreter_class()
+    it = cls(model_content=data, num_threads=1)
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], x)
+    it.invoke()
+    return {o["name"]: it.get_tensor(o["index"]) for o in it.get_output_details()}
+
+
+def reference(logits: np.ndarray, t: float) -> np.ndarray:
+    return M.softmax(logits.astype(np.float64), temperature=t).mean(0)
+
+
+finite = st.floats(-60, 60, width=32, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.sampled_from([1, 2, 4]), t=st.floats(0.3, 3.0), data=st.data())
+def test_the_answer_is_the_mean_tempered_softmax(samples, t, data):
+    logits = data.draw(hnp.arrays(np.float32, (samples, CLASSES), elements=finite))
+    out = run(with_answer(logits_passthrough(samples), t, samples), logits.reshape(1, -1))
+    assert out["logits"].tobytes() == logits.tobytes()  # untouched
+    p = out[ANSWER]
+    assert p.shape == (1, CLASSES) and p.dtype == np.float32
+    np.testing.assert_allclose(p[0], reference(logits, t), rtol=0, atol=1e-6)
+    assert math.fsum(p[0].tolist()) == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_logit_makes_a_nan_answer(samples, bad):
+    """-inf alone would leave a finite softmax (probability 0): the guard makes it NaN too,
+    and np.argmax finds a NaN wherever it is (so the runtime's check of p[argmax] sees it)."""
+    logits = np.zeros((samples, CLASSES), np.float32)
+    logits[-1, 7] = bad
+    p = run(with_answer(logits_passthrough(samples), 1.3, samples), logits.reshape(1, -1))[ANSWER]
+    assert np.isnan(p[0, 7])
+    assert np.isnan(p[0, int(p.argmax())])
+
+
+def test_a_graph_that_cannot_take_the_answer_is_left_alone():
+    taken = GraphBuilder()
+    xi = taken.add_input(ANSWER, (1, CLASSES))
+    taken.mark_output(taken.reshape(xi, (1, CLASSES), name="r"), "logits")
+    assert with_answer(taken.finish(), 1.0, 1) is None  # a tensor already has the name
+    assert with_answer(logits_passthrough(2), 1.0, 3) is None  # [2, C] is not 3 samples
+
+
+@pytest.fixture(scope="module")
+def model(bundle):
+    return edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
+
+
+def test_the_runtime_answers_point_and_head_slices_through_the_graph(model):
+    for c in model.manifest.configurations:
+        interps = model._interpreters(c)
+        has = [ans >= 0 for _, _, _, ans in interps]
+        assert has == [c.scope in ("point", "head")] * len(interps), c.id
+
+
+def test_a_bundle_slice_keeps_its_logits_and_resizes_with_its_answer(model, bundle):
+    """Every point and head slice of a real bundle: the appended graph's logits are the
+    slice's own, bit for bit, at batch 1 and resized to 3; each sample's answer row is the
+    float64 maths of those logits."""
+    spec = model.manifest.input
+    xs = np.random.default_rng(1).uniform(*spec.value_range, (3, *spec.shape[1:]))
+    xn = np.concatenate([model._prepare(x.astype(np.float32)) for x in xs])
+    for c in model.manifest.configurations:
+        if c.scope not in ("point", "head"):
+            continue
+        (plain, inp, out, _), = model._build(c, answer=False)
+        (aug, ainp, aout, ans), = model._build(c)
+        for it, i in ((plain, inp), (aug, ainp)):
+            it.resize_tensor_input(i, [3, *spec.shape[1:]])
+            it.allocate_tensors()
+            it.set_tensor(i, xn)
+            it.invoke()
+        logits = plain.get_tensor(out)
+        assert aug.get_tensor(aout).tobytes() == logits.tobytes(), c.id
+        rows = logits.reshape(3, -1, CLASSES)
+        want = np.stack([reference(r, c.temperature) for r in rows])
+        np.testing.assert_allclose(aug.get_tensor(ans), want, rtol=0, atol=1e-6)
