@@ -32,15 +32,15 @@ def latency_table(model, configs, x, repeats: int) -> dict[str, float]:
     full = max(configs, key=lambda c: (c.width, -c.invokes))
     rows, e2e = {}, {}
     for c in configs:
-        interps = model._interpreters(c)
+        interps = model._build(c, answer=False)  # the exported slice's own graph
         xin = model._prepare(x, "x")
         bare, sig, wall, lat, inv = [], [], [], [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            for it, _, _ in interps:
+            for it, *_ in interps:
                 it.invoke()
             t1 = time.perf_counter()
-            for it, inp, out in interps:  # what any caller of the interpreter must do
+            for it, inp, out, _ in interps:  # what any caller of the interpreter must do
                 it.set_tensor(inp, xin)
                 it.invoke()
                 it.get_tensor(out)
@@ -71,7 +71,12 @@ def _budget_for(model, c):
     pol = model.policy
     own = pol.predicted_latency_ms(c)
     better = [pol.predicted_latency_ms(o) for o in pol.ranked[:pol.ranked.index(c)]]
-    cap = min((b for b in better if b > own), default=math.inf)
+    if any(b <= own for b in better):
+        # dominated: a better-ranked configuration is predicted at least as fast, so no
+        # budget makes the policy choose ``c`` (a hysteresis fight on every call: decide()'s
+        # slow path, not a call the policy would make); its policy-chosen column is skipped
+        return None
+    cap = min(better, default=math.inf)
     return edge_sdk.Budget(latency_ms=min(3 * own, math.sqrt(own * cap)))
 
 
@@ -80,10 +85,13 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     call so the machine's drift hits all alike, the median over ``calls`` of
     raw invoke (the interpreter's ``invoke()`` alone, what ``edge-sdk bench`` subtracts),
     raw set+invoke+get (what any caller of the interpreter must do), ``predict`` pinned
-    (``config_id``) and policy-chosen (a budget 25 % above the configuration's predicted
-    latency; 'by' names who answered), with the uncertainty fields and the input check off
-    (``load(uncertainty=False, input_check=False)``) and on (when the bundle has them). Each
-    timed from outside (perf_counter around the one call). SDK µs = median predict - median raw invoke."""
+    (``config_id``) and policy-chosen (under :func:`_budget_for`'s budget; 'by' names who
+    answered, 'dominated' when a better-ranked configuration is as fast), with the
+    uncertainty fields and the input check off (``load(uncertainty=False,
+    input_check=False)``) and on (when the bundle has them). Each timed from outside
+    (perf_counter around the one call). SDK µs = median predict - median raw invoke, the raw
+    invoke of the slice the exporter wrote (so the answer's softmax the runtime appends to
+    the graph, edge_sdk.answer_graph, counts as the SDK's time)."""
     off = edge_sdk.load(bundle, threads=threads, uncertainty=False, input_check=False)
     on = edge_sdk.load(bundle, threads=threads) if off.manifest.uncertainty is not None \
         or off.manifest.input_stats is not None else None
@@ -97,14 +105,16 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     print(head + "   (ms unless us)")
     rows = []
     for c in configs:
-        raw = off._build(c)  # private interpreters, never the models' own
+        # private interpreters of the exported slice's own graph (without the answer's
+        # softmax, edge_sdk.answer_graph: its cost counts as the SDK's)
+        raw = off._build(c, answer=False)
         xin = off._prepare(x, "x")
         budgets = {u: _budget_for(m, c) for u, m in models}
         for u, m in models:  # first use, and a few calls for the policy's estimates
             for _ in range(50):
                 m.predict(x, config_id=c.id)
             budgets[u] = _budget_for(m, c)
-            for _ in range(20):
+            for _ in range(20 if budgets[u] is not None else 0):
                 m.predict(x, budgets[u])
         t = {k: [] for k in ["invoke", "sig"] + [f"{k}{u}" for u, _ in models
                                                  for k in ("pin", "pol")]}
@@ -112,10 +122,10 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
         clock = time.perf_counter
         for _ in range(calls):
             t0 = clock()
-            for it, _, _ in raw:
+            for it, *_ in raw:
                 it.invoke()
             t1 = clock()
-            for it, inp, out in raw:
+            for it, inp, out, _ in raw:
                 it.set_tensor(inp, xin)
                 it.invoke()
                 it.get_tensor(out)
@@ -126,18 +136,20 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
                 t0 = clock()
                 m.predict(x, config_id=c.id)
                 t1 = clock()
+                t[f"pin{u}"].append(t1 - t0)
+                if budgets[u] is None:
+                    continue
                 p = m.predict(x, budgets[u])
                 t2 = clock()
-                t[f"pin{u}"].append(t1 - t0)
                 t[f"pol{u}"].append(t2 - t1)
                 who[u][p.config_id] = who[u].get(p.config_id, 0) + 1
-        med = {k: med_ms(v) for k, v in t.items()}
+        med = {k: med_ms(v) if v else math.nan for k, v in t.items()}
         row = {"config": c.id, "scope": c.scope, "invoke_ms": med["invoke"],
                "set_invoke_get_ms": med["sig"]}
         line = f"{c.id:<14}{med['invoke']:>8.4f}{med['sig']:>8.4f}"
         for u, _ in models:
-            by = max(who[u], key=who[u].get)
-            share = who[u][by] / calls
+            by = max(who[u], key=who[u].get) if who[u] else "dominated"
+            share = who[u][by] / calls if who[u] else 1.0
             for k in ("pin", "pol"):
                 row[f"{k}_{u}_ms"] = med[f"{k}{u}"]
                 row[f"{k}_{u}_sdk_us"] = (med[f"{k}{u}"] - med["invoke"]) * 1e3
@@ -172,9 +184,10 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
     for c in configs:
         for n in ns:
             xb = xs[:n]
-            raw = batch_m._build(c)  # a private interpreter, resized like predict_batch's
+            # a private interpreter of the exported graph, resized like predict_batch's
+            raw = batch_m._build(c, answer=False)
             xin = np.stack([batch_m._prepare(x)[0] for x in xb])
-            for it, inp, _ in raw:
+            for it, inp, *_ in raw:
                 if n > 1 and resizable:
                     it.resize_tensor_input(inp, [n, *spec.shape[1:]])
                     it.allocate_tensors()
@@ -193,7 +206,7 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
                 t2 = time.perf_counter()
                 off_m.predict_batch(xb, config_id=c.id)
                 t3 = time.perf_counter()
-                for it, inp, out in raw:
+                for it, inp, out, _ in raw:
                     if n > 1 and resizable:
                         it.set_tensor(inp, xin)
                         it.invoke()

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 Normalised = npt.NDArray[np.float32]
 
 _UINT8 = np.dtype(np.uint8)
+_FLOAT32 = np.dtype(np.float32)
 
 
 class InputChecker:
@@ -34,6 +35,8 @@ class InputChecker:
         # 32x32x3 image, 2.5 us contiguous)
         self._scale = np.ascontiguousarray(np.broadcast_to(self._scale, self.want))
         self._shift = np.ascontiguousarray(np.broadcast_to(self._shift, self.want))
+        # the same with the batch axis: one sample normalised straight into [1, H, W, C]
+        self._scale1, self._shift1 = self._scale[None], self._shift[None]
         self.grey: tuple[int, ...] | None = self.want[:2] if self.want[2] == 1 else None  # [H, W] is accepted too
         self.dtype = spec.dtype
         self.range = lo, hi = spec.value_range
@@ -41,6 +44,7 @@ class InputChecker:
         self._hi = hi + 1e-6 * max(1.0, abs(hi))
         # a uint8 array cannot leave a declared range that covers 0..255: no min/max pass
         self._any_uint8 = self._lo <= 0 and self._hi >= 255
+        self._float_ok = self.dtype != "uint8"  # a uint8 bundle refuses floats
 
     def _shape(self, n: str = "") -> str:
         lead = f"{n}, " if n else ""
@@ -96,6 +100,14 @@ class InputChecker:
     def one(self, x: npt.ArrayLike, what: str = "x") -> Normalised:
         """One sample -> normalised float32 ``[1, H, W, C]``."""
         if type(x) is np.ndarray and x.shape == self.want:  # the common case, kept lean
+            dt = x.dtype
+            if dt is _FLOAT32 and self._float_ok:
+                # (issue 34) what _values checks, inline: a NaN fails both comparisons and an
+                # infinity the range, so anything refused takes the general path (the message)
+                if self._lo <= x.item(x.argmin()) and x.item(x.argmax()) <= self._hi:
+                    return x * self._scale1 + self._shift1
+            elif dt is _UINT8 and self._any_uint8:
+                return x * self._scale1 + self._shift1
             return self._values(x, what)[None]
         arr = self._array(x, what, None)
         if arr.shape != self.want:
