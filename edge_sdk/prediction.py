@@ -252,9 +252,14 @@ def _answer_point_fields(p: np.ndarray) -> dict[str, Any]:
 
 def _answer_rows_fields(c: Configuration, logits: np.ndarray) -> dict[str, Any]:
     """``entropy`` and ``mutual_info`` of a head's rows, in float64 from its logits (so rows
-    that agree have exactly none)."""
-    _, entropy, mi = _rows_exact(c, logits)
-    return {"entropy": entropy, "mutual_info": mi}
+    that agree have exactly none): :func:`rows_top`'s maths, or the per-row shift of
+    :func:`_rows_exact` when a row underflows under the global one."""
+    top = rows_top(c, logits)
+    if top is None:
+        _, entropy, mi = _rows_exact(c, logits)
+        return {"entropy": entropy, "mutual_info": mi}
+    fn, args = top[3]
+    return fn(*args)
 
 
 def eager_fields(top: tuple[np.ndarray | None, int, float, Lazy]
