@@ -217,7 +217,7 @@ class EdgeModel(Executor):
         lo, hi = self.manifest.input.value_range
         x = np.full(self._inputs.want, (lo + hi) / 2,
                     np.uint8 if self.manifest.input.dtype == "uint8" else np.float32)
-        by_shape: dict[tuple[int, int], float] = {}
+        by_shape: dict[tuple[int, int, bool], float] = {}
         out = {}
         for c in self.manifest.configurations:
             rows = 1 if c.scope == "point" else c.samples
@@ -464,8 +464,9 @@ class EdgeModel(Executor):
     def _with_answer(self, name: str, data: bytes) -> bytes:
         """``name``'s bytes with the answer's softmax appended, made once per process (the
         same for every thread); its own bytes when its graph cannot take it."""
-        out = self._answered.get(name, False)
-        if out is False:
+        if name in self._answered:
+            out = self._answered[name]
+        else:
             c = self._answerable[name]
             out = with_answer(data, c.temperature, c.samples if c.scope == "head" else 1,
                               f"{self.bundle_dir}: {name}")

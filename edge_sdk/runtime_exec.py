@@ -221,8 +221,11 @@ class Executor:
             if lean is not None:
                 lean_probs, label, conf, lazy = lean
             else:
-                probs, entropy, mi, label, conf = probabilities(c, logits) if top is None \
-                    else eager_fields(top)  # (top None: a head's row underflowed)
+                if top is None:  # a head's row underflowed (its logits were read)
+                    assert logits is not None
+                    probs, entropy, mi, label, conf = probabilities(c, logits)
+                else:
+                    probs, entropy, mi, label, conf = eager_fields(top)
                 if self._unc is not None:
                     ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
             threshold = c.thresholds[self._target_key]
