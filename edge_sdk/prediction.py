@@ -357,6 +357,9 @@ class BatchProbs(NamedTuple):
     p_s: np.ndarray | None  # [n, S, C] per-sample-row probabilities (S > 1), for the MI
     z: np.ndarray | None  # their shifted, tempered logits [n, S, C] (S > 1)
     s: np.ndarray | None  # their softmax denominators [n, S] (S > 1)
+    # (issue 34) a head batch answered by its graph (batch_answer): its configuration and
+    # logits [n, S, C], from which the entropy and MI are computed in float64 when read
+    rows: tuple[Configuration, np.ndarray] | None = None
 
 
 def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
@@ -399,8 +402,30 @@ def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
     return BatchProbs(p, labels, conf, p_s, z, s_rows)
 
 
+def batch_answer(c: Configuration, p: np.ndarray, logits: np.ndarray) -> BatchProbs:
+    """:func:`batch_probabilities` of a batch whose graph computed the answer
+    (:mod:`edge_sdk.answer_graph`): ``p`` its mean tempered probabilities ``[n, C]``
+    (float32), ``logits`` ``[n, S, C]``, read only for a head's entropy and MI. A NaN in a row
+    (the graph's guard: a logit was not finite) is where ``argmax`` stops, so the sum of the
+    confidences exposes it: refused as :func:`batch_probabilities` refuses it."""
+    n = len(p)
+    labels = p.argmax(1)  # the first maximum, as the numpy path's
+    conf = p[np.arange(n), labels].astype(np.float64)
+    if not math.isfinite(float(_ADDR(conf))):
+        _non_finite(c, logits)
+    probs = p.astype(np.float64)
+    for a in (probs, labels, conf):
+        a.setflags(write=False)
+    return BatchProbs(probs, labels, conf, None, None, None,
+                      (c, logits) if logits.shape[1] > 1 else None)
+
+
 def batch_entropy(bp: BatchProbs) -> tuple[np.ndarray, np.ndarray]:
-    """(predictive entropy [n], mutual information [n]) of :func:`batch_probabilities`."""
+    """(predictive entropy [n], mutual information [n]) of :func:`batch_probabilities` (or
+    :func:`batch_answer`'s: a head's from its logits in float64, so rows that agree have
+    exactly none)."""
+    if bp.rows is not None:
+        return batch_entropy(batch_probabilities(*bp.rows))
     p = bp.probs
     entropy = np.maximum(-(p * np.log(np.where(p > 0, p, 1.0))).sum(-1), 0.0)
     p_s, z, s = bp.p_s, bp.z, bp.s

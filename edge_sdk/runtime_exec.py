@@ -27,6 +27,7 @@ from edge_sdk.prediction import (
     _non_finite,
     answer,
     answer_top,
+    batch_answer,
     batch_probabilities,
     draft,
     draft_batch,
@@ -294,9 +295,11 @@ class Executor:
         return f
 
     def _run_batch(self, c: Configuration, xb: npt.NDArray[np.float32]
-                   ) -> tuple[Logits, float, float, npt.NDArray[np.float32] | None]:
-        """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None)
-        of ``n`` normalised samples:
+                   ) -> tuple[Logits, float, float, npt.NDArray[np.float32] | None,
+                              npt.NDArray[np.float32] | None]:
+        """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None,
+        the graph's answers ``[n, C]`` or None: edge_sdk.answer_graph) of ``n`` normalised
+        samples:
         one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
         says the batch dimension is resizable (its output is ``[n * rows, C]``, sample-major),
         else one invoke per sample."""
@@ -323,20 +326,28 @@ class Executor:
                     it.invoke()
                     outs.append(it.get_tensor(out).reshape(n, -1, self._classes))
                 ms = (self._clock() - t0) * 1000
+                it, _, _, ans = interps[0]
                 return (outs[0] if len(outs) == 1 else np.concatenate(outs, 1)), ms, built, \
-                    self._features(c, interps, n)
+                    self._features(c, interps, n), \
+                    it.get_tensor(ans) if len(interps) == 1 and ans >= 0 else None
         interps, built = self._resident(c, 1)
         rows: list[Logits] = []
         feats: list[npt.NDArray[np.float32] | None] = []
+        answers: list[npt.NDArray[np.float32]] = []
+        it, _, _, ans = interps[0]
+        ans = ans if len(interps) == 1 else -1
         ms = 0.0
         for i in range(n):
             logits, m = self._invoke(interps, xb[i:i + 1])
             rows.append(logits)
             feats.append(self._features(c, interps, 1))
+            if ans >= 0:
+                answers.append(it.get_tensor(ans))
             ms += m
         return np.stack(rows), ms, built, \
             None if feats[0] is None else \
-            np.concatenate(cast("list[npt.NDArray[np.float32]]", feats))  # all or none have
+            np.concatenate(cast("list[npt.NDArray[np.float32]]", feats)), \
+            np.concatenate(answers) if answers else None  # all or none have
 
     def _execute_batch(self, xn: npt.NDArray[np.float32], stages: tuple[Stage, ...], budget: Budget,
                        t0: float, alpha: float | None = None,
@@ -347,8 +358,9 @@ class Executor:
         n = len(xn)
         if len(stages) == 1:  # one configuration answers all: arrays only (issue 34)
             c = stages[0].config
-            logits, invoke, built, feats = self._run_batch(c, xn)
-            bp = batch_probabilities(c, logits)
+            logits, invoke, built, feats, answers = self._run_batch(c, xn)
+            bp = batch_probabilities(c, logits) if answers is None else \
+                batch_answer(c, answers, logits)
             ood = ind = sets = None
             if self._unc is not None:
                 wk = self._unc_width.get(c.id)
@@ -377,7 +389,7 @@ class Executor:
         times: list[tuple[Configuration, float]] = []
         for i, st in enumerate(stages):
             s0 = clock()
-            logits, ms, b, feats = self._run_batch(st.config, xn[pending])
+            logits, ms, b, feats, _ = self._run_batch(st.config, xn[pending])
             ds = draft_batch(st.config, logits)
             s1 = clock()
             times.append((st.config, (s1 - s0) * 1000 - b))

@@ -112,3 +112,34 @@ def test_a_bundle_slice_keeps_its_logits_and_resizes_with_its_answer(model, bund
         rows = logits.reshape(3, -1, CLASSES)
         want = np.stack([reference(r, c.temperature) for r in rows])
         np.testing.assert_allclose(aug.get_tensor(ans), want, rtol=0, atol=1e-6)
+
+
+def test_answers_through_the_graph_equal_the_numpy_path(bundle):
+    """The same calls on a model whose slices answer in numpy (nothing answerable): labels
+    equal, probabilities, entropy and MI within float32 precision; one sample and a batch."""
+    graph = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
+    numpy_ = edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
+    numpy_._answerable = {}
+    spec = graph.manifest.input
+    xs = np.random.default_rng(2).uniform(*spec.value_range, (6, *spec.shape[1:])
+                                          ).astype(np.float32)
+    for c in graph.manifest.configurations:
+        if c.scope not in ("point", "head"):
+            continue
+        assert graph._interpreters(c)[0][3] >= 0 and numpy_._interpreters(c)[0][3] == -1
+        pairs = [(graph.predict(x, config_id=c.id), numpy_.predict(x, config_id=c.id))
+                 for x in xs]
+        gb, nb = graph.predict_batch(xs, config_id=c.id), numpy_.predict_batch(xs, config_id=c.id)
+        pairs += list(zip(gb, nb))
+        np.testing.assert_array_equal(gb.labels, nb.labels)
+        np.testing.assert_allclose(gb.probs, nb.probs, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(gb.entropy, nb.entropy, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(gb.mutual_info, nb.mutual_info, rtol=0, atol=1e-6)
+        for a, b in pairs:
+            assert a.label == b.label, c.id
+            np.testing.assert_allclose(a.probs, b.probs, rtol=0, atol=1e-6)
+            assert a.confidence == pytest.approx(b.confidence, abs=1e-6)
+            assert a.entropy == pytest.approx(b.entropy, abs=1e-5)
+            assert a.mutual_info == pytest.approx(b.mutual_info, abs=1e-6)
+            if c.scope == "point":
+                assert a.mutual_info == 0
