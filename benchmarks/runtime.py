@@ -67,7 +67,8 @@ def _budget_for(model, c):
     (a policy-chosen call also pays the decision; at +25 % a pinned-call estimate sat so close
     that the policy's own calls drifted over it and every call took the "nothing fits" path),
     but below every better-ranked configuration's prediction (halfway there, in log terms),
-    so none of them fits: the policy-chosen calls of :func:`sdk_table`."""
+    so none of them fits: the policy-chosen calls of :func:`sdk_table`. None when a
+    better-ranked configuration is predicted at least as fast (no such budget exists)."""
     pol = model.policy
     own = pol.predicted_latency_ms(c)
     better = [pol.predicted_latency_ms(o) for o in pol.ranked[:pol.ranked.index(c)]]

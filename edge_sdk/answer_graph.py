@@ -11,8 +11,10 @@ further output named :data:`ANSWER`::
 
 so a one-sample call reads ``answer [1, C]`` (label = its argmax, confidence = its maximum)
 instead of doing the softmax in Python. Measured on the digits bundle, one thread: the ops add
-~0.3-0.4 us to the invoke, the numpy maths they replace cost ~7 us for a head's two rows and
-~2 us for a point's row (``benchmarks/runtime.py --only sdk``).
+0.1-0.5 us to the invoke (median of 7 alternated rounds against the plain graph; one round
+varies by up to 2 us), the numpy maths they replace cost ~7 us for a head's two rows and ~2 us
+for a point's row. Appending costs ~6 ms per interpreter built (read back, written again), a
+first-use cost; the appended bytes live as long as their interpreter.
 
 Why the guard: ``softmax`` of a row holding ``-inf`` is finite (``exp(-inf) = 0``), but the
 runtime refuses non-finite logits (issue 36: a slice that overflows is broken, not confident).

@@ -222,8 +222,13 @@ def _rows_fields(p_s: np.ndarray, z: np.ndarray, s: np.ndarray, p: np.ndarray
     """``entropy`` H[mean_s p_s] and ``mutual_info`` H - mean_s H[p_s] (clamped at 0) of
     :func:`rows_top`'s state; H[p_s] = log s - sum_k p_sk z_sk with z the shifted logits."""
     expected = (sum(np.log(s).tolist()) - float(np.vdot(p_s, z))) / len(s)
-    entropy = max(-sum([v * math.log(v) for v in p.tolist() if v > 0.0]), 0.0)
+    entropy = _entropy(p.tolist())
     return {"entropy": entropy, "mutual_info": max(entropy - expected, 0.0)}
+
+
+def _entropy(probs: list[float]) -> float:
+    """-sum p log p (nats, 0 log 0 = 0), clamped at 0: a few Python floats, cheaper than numpy."""
+    return max(-sum([v * math.log(v) for v in probs if v > 0.0]), 0.0)
 
 
 def answer_top(c: Configuration, p: np.ndarray, logits: np.ndarray | None
@@ -246,20 +251,14 @@ def answer_top(c: Configuration, p: np.ndarray, logits: np.ndarray | None
 def _answer_point_fields(p: np.ndarray) -> dict[str, Any]:
     """``probs`` (read-only float64) and ``entropy`` -sum p log p of the graph's answer."""
     probs = _readonly(p.reshape(-1).astype(np.float64))
-    entropy = -sum([v * math.log(v) for v in probs.tolist() if v > 0.0])
-    return {"probs": probs, "entropy": max(entropy, 0.0)}
+    return {"probs": probs, "entropy": _entropy(probs.tolist())}
 
 
 def _answer_rows_fields(c: Configuration, logits: np.ndarray) -> dict[str, Any]:
-    """``entropy`` and ``mutual_info`` of a head's rows, in float64 from its logits (so rows
-    that agree have exactly none): :func:`rows_top`'s maths, or the per-row shift of
-    :func:`_rows_exact` when a row underflows under the global one."""
-    top = rows_top(c, logits)
-    if top is None:
-        _, entropy, mi = _rows_exact(c, logits)
-        return {"entropy": entropy, "mutual_info": mi}
-    fn, args = top[3]
-    return fn(*args)
+    """``entropy`` and ``mutual_info`` of a head's rows, in float64 from its logits by
+    :func:`probabilities` (so rows that agree have exactly none)."""
+    _, entropy, mi, _, _ = probabilities(c, logits)
+    return {"entropy": entropy, "mutual_info": mi}
 
 
 def eager_fields(top: tuple[np.ndarray | None, int, float, Lazy]

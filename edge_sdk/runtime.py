@@ -153,7 +153,7 @@ class EdgeModel(Executor):
         self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
         # (issue 34) the answer's softmax in the graph (edge_sdk/answer_graph.py): for the
         # point and head slices no other configuration lists (an all-scope sample file serves
-        # several S, each with its own temperature); their appended bytes, made once
+        # several S, each with its own temperature)
         users: dict[str, int] = {}
         for c in self.manifest.configurations:
             for f in c.files:
@@ -161,7 +161,6 @@ class EdgeModel(Executor):
         self._answerable = {c.files[0].name: c for c in self.manifest.configurations
                             if c.scope in ("point", "head") and len(c.files) == 1
                             and users[c.files[0].name] == 1}
-        self._answered: dict[str, bytes | None] = {}
         self.policy = Policy(
             self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
             hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
@@ -450,8 +449,11 @@ class EdgeModel(Executor):
         for f in c.files if files is None else files:
             # verified bytes only: read and checked at load(), or materialised and checked
             data = self._slices[f.name]
-            if answer and f.name in self._answerable:
-                data = self._with_answer(f.name, data)
+            a = self._answerable.get(f.name) if answer else None
+            if a is not None:  # part of the first-use cost (~6 ms: read back, written again)
+                # not kept beyond its interpreter: a store bundle's slices obey memory_cap_mb
+                data = with_answer(data, a.temperature, a.samples if a.scope == "head" else 1,
+                                   f"{self.bundle_dir}: {f.name}") or data
             it = self._interp_cls(model_content=data, num_threads=self.threads,
                                   model_name=f.name)
             it.allocate_tensors()
@@ -460,19 +462,6 @@ class EdgeModel(Executor):
             ans = next((int(o["index"]) for o in outs if o["name"] == ANSWER), -1)
             interps.append((it, it.get_input_details()[0]["index"], outs[0]["index"], ans))
         return interps
-
-    def _with_answer(self, name: str, data: bytes) -> bytes:
-        """``name``'s bytes with the answer's softmax appended, made once per process (the
-        same for every thread); its own bytes when its graph cannot take it."""
-        if name in self._answered:
-            out = self._answered[name]
-        else:
-            c = self._answerable[name]
-            out = with_answer(data, c.temperature, c.samples if c.scope == "head" else 1,
-                              f"{self.bundle_dir}: {name}")
-            with self._lock:
-                self._answered[name] = out
-        return data if out is None else out
 
     def _interpreters(self, c: Configuration) -> list[Interp]:
         """``c``'s interpreters for this thread at batch 1 (benchmarks)."""
