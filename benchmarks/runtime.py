@@ -32,7 +32,7 @@ def latency_table(model, configs, x, repeats: int) -> dict[str, float]:
     full = max(configs, key=lambda c: (c.width, -c.invokes))
     rows, e2e = {}, {}
     for c in configs:
-        interps = model._build(c, answer=False)  # the exported slice's own graph
+        interps = model._build(c, plain=True)  # the exported slice's own graph
         xin = model._prepare(x, "x")
         bare, sig, wall, lat, inv = [], [], [], [], []
         for _ in range(repeats):
@@ -108,7 +108,7 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     for c in configs:
         # private interpreters of the exported slice's own graph (without the answer's
         # softmax, edge_sdk.answer_graph: its cost counts as the SDK's)
-        raw = off._build(c, answer=False)
+        raw = off._build(c, plain=True)
         xin = off._prepare(x, "x")
         budgets = {u: _budget_for(m, c) for u, m in models}
         for u, m in models:  # first use, and a few calls for the policy's estimates
@@ -186,7 +186,7 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
         for n in ns:
             xb = xs[:n]
             # a private interpreter of the exported graph, resized like predict_batch's
-            raw = batch_m._build(c, answer=False)
+            raw = batch_m._build(c, plain=True)
             xin = np.stack([batch_m._prepare(x)[0] for x in xb])
             for it, inp, *_ in raw:
                 if n > 1 and resizable:

@@ -151,7 +151,7 @@ def bench_main(argv: list[str]) -> int:
     for c in configs:
         # the exported slice's own graph: the answer's softmax appended at load
         # (edge_sdk.answer_graph) counts as the SDK's time
-        interps = model._build(c, answer=False)
+        interps = model._build(c, plain=True)
         xin = model._prepare(x, "x")
         for it, inp, *_ in interps:
             it.set_tensor(inp, xin)

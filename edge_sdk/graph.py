@@ -33,7 +33,7 @@ from edge_sdk import graph_ops
 from edge_sdk.errors import ConfigError
 
 GRAPH_VERSION = 1
-DTYPES = ("float32", "int8", "int32")
+DTYPES = ("float32", "int8", "int32", "uint8")  # uint8: a raw image input (CAST)
 ACTIVATIONS = (None, "relu", "relu6")
 PADDINGS = ("SAME", "VALID")
 # op -> the options it takes (and their defaults); an option not listed is refused
@@ -49,6 +49,9 @@ OPS: dict[str, dict[str, Any]] = {
     "RESHAPE": {"shape": None},
     "PAD": {"paddings": None},
     "RELU": {}, "RELU6": {}, "DEQUANTIZE": {},
+    # issue 34: a uint8 input (raw pixels) to float32, the runtime's in-graph normalisation
+    # (edge_sdk/answer_graph.py)
+    "CAST": {},
     "SOFTMAX": {"beta": 1.0},
     # issue 35: squeeze-excitation gates, SiLU and Hardswish, padded max pooling
     # MUL broadcasts (a [N, 1, 1, C] gate times [N, H, W, C]); with ``scalar`` it takes one
@@ -422,6 +425,10 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
                               f"[before, after] pairs, got {opt['paddings']}")
         return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
+    if op == "CAST":
+        if x is None or x.dtype != "uint8" or x.weight is not None:
+            raise ConfigError(f"{what}: the input must be a uint8 tensor that is not a constant")
+        return tuple(x.shape), "float32"
     if op == "DEQUANTIZE":
         if x is None or x.dtype != "int8" or x.quant is None:
             raise ConfigError(f"{what}: the input must be a quantized int8 constant")

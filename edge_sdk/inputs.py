@@ -35,8 +35,6 @@ class InputChecker:
         # 32x32x3 image, 2.5 us contiguous)
         self._scale = np.ascontiguousarray(np.broadcast_to(self._scale, self.want))
         self._shift = np.ascontiguousarray(np.broadcast_to(self._shift, self.want))
-        # the same with the batch axis: one sample normalised straight into [1, H, W, C]
-        self._scale1, self._shift1 = self._scale[None], self._shift[None]
         self.grey: tuple[int, ...] | None = self.want[:2] if self.want[2] == 1 else None  # [H, W] is accepted too
         self.dtype = spec.dtype
         self.range = lo, hi = spec.value_range
@@ -44,7 +42,13 @@ class InputChecker:
         self._hi = hi + 1e-6 * max(1.0, abs(hi))
         # a uint8 array cannot leave a declared range that covers 0..255: no min/max pass
         self._any_uint8 = self._lo <= 0 and self._hi >= 255
-        self._float_ok = self.dtype != "uint8"  # a uint8 bundle refuses floats
+        # (issue 34) what the runtime's interpreters take: the raw values in the bundle's
+        # input dtype; the graph normalises them (edge_sdk/answer_graph.py, RawInput)
+        self.feed_dtype = _UINT8 if self.dtype == "uint8" else _FLOAT32
+        c = self.want[-1]
+        self.scale_c = tuple(float(v) for v in np.broadcast_to(1.0 / std, (c,)))
+        self.shift_c = tuple(float(v) for v in np.broadcast_to(
+            -np.asarray(spec.mean, np.float32) / std, (c,)))
 
     def _shape(self, n: str = "") -> str:
         lead = f"{n}, " if n else ""
@@ -73,9 +77,16 @@ class InputChecker:
                              f"not array-like ({e})") from e
 
     def _values(self, arr: npt.NDArray[Any], what: str) -> Normalised:
+        """``arr`` (of the declared shape, with or without a batch axis) checked and
+        normalised."""
+        return self._checked(arr, what) * self._scale + self._shift
+
+    def _checked(self, arr: npt.NDArray[Any], what: str) -> npt.NDArray[Any]:
+        """``arr`` checked (dtype, finite, inside the raw range) as raw values of
+        :attr:`feed_dtype`."""
         dt = arr.dtype
         if dt is _UINT8 and self._any_uint8:  # the common case of uint8 bundles, kept lean
-            return arr * self._scale + self._shift
+            return arr if self.feed_dtype is _UINT8 else arr.astype(np.float32)
         if dt.kind not in "uif" or dt == np.bool_:
             kind = "integer, e.g. uint8" if self.dtype == "uint8" else "uint8 or float"
             raise InputError(f"{what} must be numeric ({kind}), got dtype {arr.dtype}")
@@ -95,22 +106,29 @@ class InputChecker:
             a, b = self.range
             raise InputError(f"{what} values must lie in the raw range [{a:g}, {b:g}] "
                              f"(before normalisation), got [{lo:g}, {hi:g}]")
-        return (arr * self._scale + self._shift).astype(np.float32, copy=False)
+        return arr.astype(self.feed_dtype, copy=False)
 
     def one(self, x: npt.ArrayLike, what: str = "x") -> Normalised:
-        """One sample -> normalised float32 ``[1, H, W, C]``."""
+        """One sample -> normalised float32 ``[1, H, W, C]``: what a slice's own graph takes
+        (benchmarks, tests; the runtime feeds :meth:`feed`'s raw values)."""
+        return self._values(self._sample(x, what), what)[None]
+
+    def feed(self, x: npt.ArrayLike, what: str = "x") -> npt.NDArray[Any]:
+        """One sample -> checked raw values ``[1, H, W, C]`` of :attr:`feed_dtype`, what the
+        runtime's interpreters take (their graphs normalise: edge_sdk/answer_graph.py)."""
         if type(x) is np.ndarray and x.shape == self.want:  # the common case, kept lean
             dt = x.dtype
-            # (issue 34) what _values checks, inline: a NaN fails both comparisons and an
-            # infinity the range, so anything refused takes the general path (the message);
-            # the batch axis first (numpy broadcasting across ranks costs twice the multiply),
-            # and the shift in place
-            if (dt is _FLOAT32 and self._float_ok and self._lo <= x.item(x.argmin())
-                    and x.item(x.argmax()) <= self._hi) or (dt is _UINT8 and self._any_uint8):
-                y = x[None] * self._scale1
-                y += self._shift1
-                return y
-            return self._values(x, what)[None]
+            # (issue 34) _checked inline: a NaN fails both comparisons and an infinity the
+            # range, so anything refused takes the general path (the message)
+            if dt is self.feed_dtype and ((dt is _UINT8 and self._any_uint8) or (
+                    self._lo <= x.item(x.argmin()) and x.item(x.argmax()) <= self._hi)):
+                return x[None]
+            return self._checked(x, what)[None]
+        return self._checked(self._sample(x, what), what)[None]
+
+    def _sample(self, x: npt.ArrayLike, what: str) -> npt.NDArray[Any]:
+        """``x`` as an array of the declared sample shape (a grey ``[H, W]`` given its
+        channel axis), or the InputError naming the shape expected."""
         arr = self._array(x, what, None)
         if arr.shape != self.want:
             if self.grey is not None and arr.shape == self.grey:
@@ -123,7 +141,7 @@ class InputChecker:
                 grey = f"; or {self._grey_shape()}" if self.grey else ""
                 raise InputError(f"{what} must have shape {self._shape()} (NHWC, one sample"
                                  f"{grey}), got {list(arr.shape)}")
-        return self._values(arr, what)[None]
+        return arr
 
     def is_batch(self, shape: tuple[int, ...]) -> bool:
         return (len(shape) == len(self.want) + 1 and tuple(shape[1:]) == self.want) or (
@@ -132,6 +150,13 @@ class InputChecker:
 
     def batch(self, xs: npt.ArrayLike, what: str = "xs") -> Normalised:
         """``N`` samples -> normalised float32 ``[N, H, W, C]``."""
+        return self._values(self._batch(xs, what), what)
+
+    def feed_batch(self, xs: npt.ArrayLike, what: str = "xs") -> npt.NDArray[Any]:
+        """``N`` samples -> checked raw values ``[N, H, W, C]`` of :attr:`feed_dtype`."""
+        return np.ascontiguousarray(self._checked(self._batch(xs, what), what))
+
+    def _batch(self, xs: npt.ArrayLike, what: str) -> npt.NDArray[Any]:
         arr = self._array(xs, what, "N")
         if self.grey is not None and arr.ndim == 3 and arr.shape[1:] == self.grey:
             arr = arr[..., None]  # grey [N, H, W]
@@ -139,4 +164,4 @@ class InputChecker:
             grey = f" (or {self._grey_shape('N')})" if self.grey else ""
             raise InputError(f"{what} must have shape {self._shape('N')} with N >= 1{grey}, "
                              f"got {list(arr.shape)}")
-        return self._values(arr, what)
+        return arr

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from edge_sdk.answer_graph import ANSWER, with_answer
+from edge_sdk.answer_graph import ANSWER, RawInput, runtime_graph
 from edge_sdk.backends import check_bundle, interpreter_class
 from edge_sdk.budget import MAX_MEMORY_MB, Budget, MemoryProbe, bounded_number, check_budget
 from edge_sdk.bundle import Configuration, FileEntry, InputSpec, Manifest, read_manifest
@@ -144,6 +144,9 @@ class EdgeModel(Executor):
         del checked
         self.profile, self.latency_source, priors = self._priors(profile)
         self._inputs = InputChecker(self.manifest.input)
+        # (issue 34) every interpreter takes the raw sample and normalises it in its graph
+        self._raw = RawInput(self._inputs.feed_dtype.name, self._inputs.scale_c,
+                             self._inputs.shift_c)
         # (issue 34) input_suspect: the sample's raw statistics against the training split's
         stats = self.manifest.input_stats
         self._suspect = SuspectCheck(stats) if input_check and stats is not None else None
@@ -228,7 +231,7 @@ class EdgeModel(Executor):
                 times = []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    self._inputs.one(x)
+                    self._inputs.feed(x)
                     if self._suspect is not None:
                         self._suspect.one(x)
                     top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
@@ -313,7 +316,7 @@ class EdgeModel(Executor):
         budget = self._budget if budget is None else check_budget(budget)
         if alpha is not None:
             check_alpha(alpha)
-        xn = self._inputs.one(x)
+        xn = self._inputs.feed(x)
         chk = self._suspect
         sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
         stages: tuple[Stage, ...]
@@ -341,7 +344,7 @@ class EdgeModel(Executor):
         budget = self._budget if budget is None else check_budget(budget)
         if alpha is not None:
             check_alpha(alpha)
-        xn = self._inputs.batch(xs)
+        xn = self._inputs.feed_batch(xs)
         n = len(xn)
         sus = None if self._suspect is None else self._suspect.batch(np.asarray(xs))
         stages: tuple[Stage, ...]
@@ -429,8 +432,14 @@ class EdgeModel(Executor):
         return stage
 
     def _prepare(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
-        """One sample checked and normalised, ``[1, H, W, C]`` float32 (benchmarks, tests)."""
+        """One sample checked and normalised, ``[1, H, W, C]`` float32: what a slice's own
+        graph takes (``_build(c, plain=True)``: benchmarks, tests)."""
         return self._inputs.one(x, what)
+
+    def _feed(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
+        """One sample checked, ``[1, H, W, C]`` raw values: what the runtime's interpreters
+        take (tests)."""
+        return self._inputs.feed(x, what)
 
     def _answer(self, c: Configuration, logits: np.ndarray, latency_ms: float,
                 met: bool) -> Prediction:
@@ -439,21 +448,24 @@ class EdgeModel(Executor):
                       abstain_on_ood=self.abstain_on_ood)
 
     def _build(self, c: Configuration, files: Sequence[FileEntry] | None = None,
-               answer: bool = True) -> list[Interp]:
+               plain: bool = False) -> list[Interp]:
         """The interpreters of ``c``'s files (``files``: only those), created and allocated:
         ``[(interpreter, input index, logits index, answer index or -1)]`` per file. A store
         bundle's slice is materialised and verified here if it is not resident (part of the
-        first-use cost). ``answer``: a point or head slice gets the answer's softmax appended
-        (:mod:`edge_sdk.answer_graph`; False: the slice's own graph, for benchmarks)."""
+        first-use cost). Each runs the runtime's graph of its slice
+        (:mod:`edge_sdk.answer_graph`): fed raw samples, and a point or head slice with the
+        answer's softmax appended; ``plain``: the slice's own graph, fed normalised samples
+        (benchmarks)."""
         interps: list[Interp] = []
         for f in c.files if files is None else files:
             # verified bytes only: read and checked at load(), or materialised and checked
             data = self._slices[f.name]
-            a = self._answerable.get(f.name) if answer else None
-            if a is not None:  # part of the first-use cost (~6 ms: read back, written again)
+            if not plain:  # part of the first-use cost (~6 ms: read back, written again)
                 # not kept beyond its interpreter: a store bundle's slices obey memory_cap_mb
-                data = with_answer(data, a.temperature, a.samples if a.scope == "head" else 1,
-                                   f"{self.bundle_dir}: {f.name}") or data
+                a = self._answerable.get(f.name)
+                data = runtime_graph(data, self._raw, None if a is None else (
+                    a.temperature, a.samples if a.scope == "head" else 1),
+                    f"{self.bundle_dir}: {f.name}")
             it = self._interp_cls(model_content=data, num_threads=self.threads,
                                   model_name=f.name)
             it.allocate_tensors()
@@ -531,7 +543,7 @@ class EdgeModel(Executor):
         entries: list[list[Any]] = []  # [interpreter, its batch size]
         for f, interp in zip(files, self._build(c, files)):
             it, inp = interp[0], interp[1]
-            it.set_tensor(inp, np.zeros(self._inputs.want, np.float32)[None])
+            it.set_tensor(inp, np.zeros((1, *self._inputs.want), self._inputs.feed_dtype))
             it.invoke()
             entries.append([interp, 1])
         spent = (self._clock() - t0) * 1000
@@ -550,7 +562,8 @@ class EdgeModel(Executor):
         return tuple(entries), spent
 
     def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """[S, C] logits of one normalised sample and the wall time of the invokes (tests)."""
+        """[S, C] logits of one sample (``_feed``'s raw values) and the wall time of the
+        invokes (tests)."""
         interps, _ = self._resident(c, 1)
         return self._invoke(interps, x)
 

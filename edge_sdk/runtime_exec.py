@@ -155,7 +155,7 @@ class Executor:
                 ds[i].prediction_set = tuple(np.flatnonzero(row).tolist())
 
     # ---- execution -------------------------------------------------------------------------
-    def _invoke(self, interps: list[Interp], x: npt.NDArray[np.float32]
+    def _invoke(self, interps: list[Interp], x: npt.NDArray[Any]
                 ) -> tuple[Logits, float]:
         """Logits ``[rows, C]`` of batch-1 input ``x`` and the interpreter's wall time (ms)."""
         classes = self._classes
@@ -188,7 +188,7 @@ class Executor:
             for c, t in times:
                 self.policy.observe(c.id, t + fixed, n)
 
-    def _execute_one(self, xn: npt.NDArray[np.float32], stages: tuple[Stage, ...], budget: Budget,
+    def _execute_one(self, xn: npt.NDArray[Any], stages: tuple[Stage, ...], budget: Budget,
                      t0: float, alpha: float | None = None, suspect: bool | None = None
                      ) -> Prediction:
         clock = self._clock
@@ -294,12 +294,12 @@ class Executor:
         f: npt.NDArray[np.float32] = it.get_tensor(self._feature_index(c, it)).reshape(n, -1).copy()
         return f
 
-    def _run_batch(self, c: Configuration, xb: npt.NDArray[np.float32]
+    def _run_batch(self, c: Configuration, xb: npt.NDArray[Any]
                    ) -> tuple[Logits, float, float, npt.NDArray[np.float32] | None,
                               npt.NDArray[np.float32] | None]:
         """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None,
-        the graph's answers ``[n, C]`` or None: edge_sdk.answer_graph) of ``n`` normalised
-        samples:
+        the graph's answers ``[n, C]`` or None: edge_sdk.answer_graph) of ``n`` checked raw
+        samples (``InputChecker.feed_batch``):
         one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
         says the batch dimension is resizable (its output is ``[n * rows, C]``, sample-major),
         else one invoke per sample."""
@@ -349,7 +349,7 @@ class Executor:
             np.concatenate(cast("list[npt.NDArray[np.float32]]", feats)), \
             np.concatenate(answers) if answers else None  # all or none have
 
-    def _execute_batch(self, xn: npt.NDArray[np.float32], stages: tuple[Stage, ...], budget: Budget,
+    def _execute_batch(self, xn: npt.NDArray[Any], stages: tuple[Stage, ...], budget: Budget,
                        t0: float, alpha: float | None = None,
                        suspect: np.ndarray | None = None) -> BatchPrediction:
         """One plan for the whole batch: each stage runs on the samples still pending (a

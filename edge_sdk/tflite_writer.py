@@ -44,7 +44,7 @@ BUILTIN_CODES = {"ADD": 0, "AVERAGE_POOL_2D": 1, "CONCATENATION": 2, "CONV_2D": 
                  "MAX_POOL_2D": 17, "RELU": 19, "RELU6": 21, "RESHAPE": 22, "SOFTMAX": 25,
                  "PAD": 34, "MEAN": 40, "MUL": 18, "LOGISTIC": 14, "PADV2": 60,
                  "HARD_SWISH": 117, "SLICE": 65, "GATHER": 36,
-                 "RESIZE_NEAREST_NEIGHBOR": 97, "RESIZE_BILINEAR": 23}
+                 "RESIZE_NEAREST_NEIGHBOR": 97, "RESIZE_BILINEAR": 23, "CAST": 53}
 # schema.fbs union BuiltinOptions: the options table each op carries (0 = none)
 OPTIONS_TYPES = {"Conv2DOptions": 1, "DepthwiseConv2DOptions": 2, "Pool2DOptions": 5,
                  "FullyConnectedOptions": 8, "SoftmaxOptions": 9, "ConcatenationOptions": 10,
@@ -52,7 +52,7 @@ OPTIONS_TYPES = {"Conv2DOptions": 1, "DepthwiseConv2DOptions": 2, "Pool2DOptions
                  "DequantizeOptions": 38, "MulOptions": 21, "PadV2Options": 43,
                  "GatherOptions": 23, "ResizeBilinearOptions": 15,
                  "ResizeNearestNeighborOptions": 74}
-TENSOR_TYPES = {"float32": 0, "int32": 2, "int8": 9}  # enum TensorType
+TENSOR_TYPES = {"float32": 0, "int32": 2, "uint8": 3, "int8": 9}  # enum TensorType
 _PADDING = {"SAME": 0, "VALID": 1}  # enum Padding
 _ACTIVATION = {None: 0, "relu": 1, "relu6": 3}  # enum ActivationFunctionType
 MODEL_VERSION = 3  # (issue) the schema version every runtime expects

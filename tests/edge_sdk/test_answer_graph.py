@@ -91,23 +91,26 @@ def test_the_runtime_answers_point_and_head_slices_through_the_graph(model):
 
 
 def test_a_bundle_slice_keeps_its_logits_and_resizes_with_its_answer(model, bundle):
-    """Every point and head slice of a real bundle: the appended graph's logits are the
-    slice's own, bit for bit, at batch 1 and resized to 3; each sample's answer row is the
-    float64 maths of those logits."""
+    """Every point and head slice of a real bundle: the runtime's graph fed raw samples gives
+    the logits the slice's own graph gives fed numpy's normalisation, bit for bit, at batch 1
+    and resized to 3; each sample's answer row is the float64 maths of those logits."""
     spec = model.manifest.input
     xs = np.random.default_rng(1).uniform(*spec.value_range, (3, *spec.shape[1:]))
-    xn = np.concatenate([model._prepare(x.astype(np.float32)) for x in xs])
+    xs = xs.astype(np.uint8 if spec.dtype == "uint8" else np.float32)
+    xn = np.concatenate([model._prepare(x) for x in xs])
     for c in model.manifest.configurations:
         if c.scope not in ("point", "head"):
             continue
-        (plain, inp, out, _), = model._build(c, answer=False)
+        (plain, inp, out, _), = model._build(c, plain=True)
         (aug, ainp, aout, ans), = model._build(c)
-        for it, i in ((plain, inp), (aug, ainp)):
+        for it, i, x in ((plain, inp, xn), (aug, ainp, xs)):
             it.resize_tensor_input(i, [3, *spec.shape[1:]])
             it.allocate_tensors()
-            it.set_tensor(i, xn)
+            it.set_tensor(i, x)
             it.invoke()
         logits = plain.get_tensor(out)
+        # the runtime's graph normalises the raw samples itself, as numpy does (x * (1 / std)
+        # + (-mean / std) in float32, two roundings): the same bytes
         assert aug.get_tensor(aout).tobytes() == logits.tobytes(), c.id
         rows = logits.reshape(3, -1, CLASSES)
         want = np.stack([reference(r, c.temperature) for r in rows])

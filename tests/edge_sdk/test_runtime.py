@@ -334,7 +334,7 @@ def test_uncertainty_maths_match_edge_sdk_metrics(model, manifest, xs):
     assert sampled, "the bundle should have sampled configurations"
     for c in manifest.configurations:
         for x in xs[::8]:
-            logits, _ = model._run(c, model._prepare(x, "x"))
+            logits, _ = model._run(c, model._feed(x, "x"))
             assert logits.shape == (1 if c.scope == "point" else c.samples, manifest.num_classes)
             probs_s = M.softmax(logits.astype(np.float64), temperature=c.temperature)[:, None, :]
             p = model.predict(x, config_id=c.id)

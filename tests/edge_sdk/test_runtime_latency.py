@@ -25,13 +25,13 @@ def x(bundle):
 
 def slow_inputs(m, seconds: float = SLOW_S):
     """Make the SDK's own input check take ``seconds`` (the interpreter is untouched)."""
-    real = m._inputs.one
+    real = m._inputs.feed
 
-    def one(x, what="x"):
+    def feed(x, what="x"):
         time.sleep(seconds)
         return real(x, what)
 
-    m._inputs.one = one
+    m._inputs.feed = feed
     return m
 
 

@@ -322,7 +322,7 @@ def test_all_scope_configurations_share_sample_interpreters(bundle, fake):
         one = m.configuration(c.id.rsplit("-", 1)[0] + "-all1")
         assert one.files[0] == c.files[0]
         assert model._interpreters(one)[0][0] is model._interpreters(c)[0][0]
-        x = model._prepare(_x(bundle))
+        x = model._feed(_x(bundle))
         assert np.array_equal(model._run(one, x)[0][0], model._run(c, x)[0][0])
 
 

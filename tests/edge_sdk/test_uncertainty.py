@@ -56,7 +56,7 @@ def test_point_and_head_answers_carry_a_score_all_scope_only_a_set(model):
 def _features(model, cid, x):
     """The slice's features output for one normalised sample, straight from the interpreter."""
     (it, inp, *_), = model._interpreters(model.manifest.configuration(cid))
-    it.set_tensor(inp, model._prepare(x))
+    it.set_tensor(inp, model._feed(x))
     it.invoke()
     return it.get_tensor(it.get_output_details()[1]["index"]).copy()
 
