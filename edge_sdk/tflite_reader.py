@@ -283,8 +283,10 @@ def _read(flat: Flat) -> tuple[Graph, Weights]:
             for j, i in enumerate(ins)]
         if op in _OPERANDS:
             in_names = _operand(op, in_names, options, weights, tensors, operand_of, flat, where)
-        elif op in ("ADD", "MUL") and len(in_names) == 2 and in_names[1] in weights:
-            # the writer's scalar operand (the graph's own operands are never constants)
+        elif op in ("ADD", "MUL") and len(in_names) == 2 and in_names[1] in weights \
+                and weights[in_names[1]].size == 1:
+            # the writer's scalar operand (a graph's own constant operand of ADD / MUL has a
+            # sample's shape: the runtime's raw-input normalisation, edge_sdk.answer_graph)
             options["scalar"] = _scalar_operand(in_names[1], weights, tensors, operand_of,
                                                 flat, where)
             in_names = in_names[:1]

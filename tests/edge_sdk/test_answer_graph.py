@@ -1,7 +1,8 @@
-"""edge_sdk.answer_graph: the answer's softmax appended to a slice's graph, run by the real
-interpreter. The appended output is the float64 maths of edge_sdk.metrics to float32 precision,
-leaves the logits bit-identical, marks every non-finite logit with a NaN, and survives a batch
-resize; the runtime answers through it for point and head slices only. No torch."""
+"""edge_sdk.answer_graph: the runtime's graph of a slice, run by the real interpreter. Fed raw
+samples (uint8 or float32), it normalises them as numpy does, bit for bit; the appended answer
+is the float64 maths of edge_sdk.metrics to float32 precision, leaves the logits bit-identical,
+marks every non-finite logit with a NaN, and survives a batch resize; the runtime answers
+through it for point and head slices only, and feeds every slice raw samples. No torch."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,9 @@ from hypothesis.extra import numpy as hnp
 
 import edge_sdk
 from edge_sdk import metrics as M
-from edge_sdk.answer_graph import ANSWER, with_answer
+from edge_sdk.answer_graph import ANSWER, RAW_INPUT, RawInput, runtime_graph, with_answer
+from edge_sdk.errors import SliceError
+from edge_sdk.tflite_reader import read_graph
 from edge_sdk.backends import interpreter_class
 from edge_sdk.graph_build import GraphBuilder
 
@@ -78,16 +81,84 @@ def test_a_graph_that_cannot_take_the_answer_is_left_alone():
     assert with_answer(logits_passthrough(2), 1.0, 3) is None  # [2, C] is not 3 samples
 
 
+def small_cnn(channels: int, name: str = "input") -> bytes:
+    """A batch-resizable conv -> mean -> logits slice on [N, 5, 4, channels] float32."""
+    rng = np.random.default_rng(channels)
+    g = GraphBuilder()
+    x = g.add_input(name, (1, 5, 4, channels))
+    h = g.conv2d(x, g.add_const(rng.normal(size=(6, 3, 3, channels)).astype(np.float32), "w"),
+                 g.add_const(rng.normal(size=6).astype(np.float32), "b"), padding="SAME",
+                 name="conv")
+    h = g.fully_connected(g.mean(h, name="gap"), g.add_const(
+        rng.normal(size=(CLASSES, 6)).astype(np.float32), "fc"), None, name="fc_out")
+    g.mark_output(h, "logits")
+    return g.finish(resizable_batch=True)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_the_raw_input_is_normalised_as_numpy_does(dtype, data):
+    """Per-channel (x - mean) / std in the graph == numpy's x * (1 / std) + (-mean / std) in
+    float32 fed to the slice's own graph: the same logits, bit for bit, at batch 1 and 3."""
+    channels = data.draw(st.sampled_from([1, 3]))
+    mean = np.asarray(data.draw(st.lists(st.floats(0, 200), min_size=channels,
+                                         max_size=channels)), np.float32)
+    std = np.asarray(data.draw(st.lists(st.floats(0.5, 80), min_size=channels,
+                                        max_size=channels)), np.float32)
+    scale, shift = (1.0 / std).astype(np.float32), (-mean / std).astype(np.float32)
+    n = data.draw(st.sampled_from([1, 3]))
+    x = data.draw(hnp.arrays(np.dtype(dtype), (n, 5, 4, channels), elements=st.integers(
+        0, 255) if dtype == "uint8" else st.floats(-300, 300, width=32)))
+    plain = small_cnn(channels)
+    raw = runtime_graph(plain, RawInput(dtype, tuple(scale.tolist()), tuple(shift.tolist())),
+                        None)
+    norm = (x * np.broadcast_to(scale, x.shape[1:]) + np.broadcast_to(shift, x.shape[1:]))
+    want, got = run_n(plain, norm.astype(np.float32)), run_n(raw, x)
+    assert got["logits"].tobytes() == want["logits"].tobytes()
+
+
+def run_n(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`run` with the batch resized to ``len(x)``."""
+    cls, _ = interpreter_class()
+    it = cls(model_content=data, num_threads=1)
+    inp = it.get_input_details()[0]
+    assert inp["dtype"] == x.dtype
+    it.resize_tensor_input(inp["index"], list(x.shape))
+    it.allocate_tensors()
+    it.set_tensor(inp["index"], x)
+    it.invoke()
+    return {o["name"]: it.get_tensor(o["index"]) for o in it.get_output_details()}
+
+
+def test_the_raw_input_reads_back_and_never_shadows_a_name():
+    """The written graph reads back (uint8 input, CAST, the slice's old input an intermediate
+    of the same name); a slice already using the name gets a fresh one; a channel count the
+    spec does not normalise is refused with both shapes named."""
+    plain = small_cnn(3, name=RAW_INPUT)
+    graph, _ = read_graph(runtime_graph(plain, RawInput("uint8", (1.0,) * 3, (0.0,) * 3),
+                                        (1.0, 1)))
+    (src,) = graph.inputs
+    assert src != RAW_INPUT and graph.tensor(src).dtype == "uint8"
+    assert [o.op for o in graph.ops[:3]] == ["CAST", "MUL", "ADD"]
+    assert graph.ops[2].outputs == [RAW_INPUT] and graph.outputs == ["logits", ANSWER]
+    with pytest.raises(SliceError, match=r"normalises 1 channels.*\[1, 5, 4, 3\]|\[1, 5, 4, 3\].*normalises 1"):
+        runtime_graph(plain, RawInput("float32", (1.0,), (0.0,)), None)
+
+
 @pytest.fixture(scope="module")
 def model(bundle):
     return edge_sdk.load(bundle, profile=None, memory_reader=lambda: PLENTY_MB)
 
 
 def test_the_runtime_answers_point_and_head_slices_through_the_graph(model):
+    feed = np.dtype(model.input_spec.dtype)
     for c in model.manifest.configurations:
         interps = model._interpreters(c)
         has = [ans >= 0 for _, _, _, ans in interps]
         assert has == [c.scope in ("point", "head")] * len(interps), c.id
+        # every slice, all-scope sample files too, takes the raw sample
+        assert all(it.get_input_details()[0]["dtype"] == feed for it, *_ in interps), c.id
 
 
 def test_a_bundle_slice_keeps_its_logits_and_resizes_with_its_answer(model, bundle):

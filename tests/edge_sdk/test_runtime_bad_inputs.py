@@ -158,12 +158,22 @@ def test_a_uint8_bundle_refuses_float_input(uint8_bundle, x):
 
 
 def test_a_uint8_bundle_takes_its_integer_pixels(uint8_bundle, bundle, x):
+    """Every configuration (its interpreters take uint8 and normalise in the graph, issue
+    34) answers the pixels as the float bundle answers the same values; one sample and a
+    batch; a pixel above the declared 0..16 is refused even though uint8 holds it."""
     m = edge_sdk.load(uint8_bundle, memory_reader=lambda: PLENTY_MB)
     ref = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
     px = x.astype(np.uint8)
-    c = m.manifest.configurations[0].id
-    np.testing.assert_allclose(m.predict(px, config_id=c).probs,
-                               ref.predict(px.astype(np.float32), config_id=c).probs, atol=1e-6)
+    batch = np.stack([px, np.minimum(px + 3, 16).astype(np.uint8), 16 - px])
+    for c in (c.id for c in m.manifest.configurations):
+        np.testing.assert_allclose(m.predict(px, config_id=c).probs,
+                                   ref.predict(px.astype(np.float32), config_id=c).probs,
+                                   atol=1e-6)
+        np.testing.assert_allclose(m.predict_batch(batch, config_id=c).probs,
+                                   ref.predict_batch(batch.astype(np.float32),
+                                                     config_id=c).probs, atol=1e-6)
+    with pytest.raises(InputError, match="raw range"):
+        m.predict(np.full(x.shape, 17, np.uint8))
 
 
 def test_a_float_bundle_takes_uint8_only_within_its_raw_range(model, x):

@@ -337,3 +337,26 @@ def test_the_writer_imports_and_writes_with_torch_and_the_generated_schema_block
                          timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("ok ")
+
+
+def test_cast_takes_a_uint8_input_and_nothing_else_takes_uint8():
+    """Issue 34's raw input: CAST turns a uint8 input into float32 (the interpreter agrees,
+    value for value); a uint8 tensor anywhere else, or a CAST of float32, is refused."""
+    g = GraphBuilder()
+    x = g.add_input("x", (1, 2, 2, 3), np.uint8)
+    g.mark_output(g.op("CAST", [x], "f"), "f")
+    cls, _ = interpreter_class()
+    it = cls(model_content=g.finish(), num_threads=1)
+    it.allocate_tensors()
+    px = np.arange(12, dtype=np.uint8).reshape(1, 2, 2, 3) * 21
+    it.set_tensor(it.get_input_details()[0]["index"], px)
+    it.invoke()
+    out = it.get_tensor(it.get_output_details()[0]["index"])
+    assert out.dtype == np.float32 and np.array_equal(out, px.astype(np.float32))
+    bad = GraphBuilder()
+    u = bad.add_input("u", (1, 2, 2, 3), np.uint8)
+    with pytest.raises(ConfigError, match="'u' must be float32, got uint8"):
+        bad.relu(u, name="r")
+    f = bad.add_input("f", (1, 2, 2, 3))
+    with pytest.raises(ConfigError, match="must be a uint8 tensor"):
+        bad.op("CAST", [f], "c")
