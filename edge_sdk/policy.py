@@ -218,27 +218,32 @@ class Policy:
         The older the previous estimate, the more the new measurement counts."""
         now = self._clock()
         key = config_id if n == 1 else (config_id, n)
-        old = self._measured.get(key)
+        measured, calls = self._measured, self._calls
+        old = measured.get(key)
         if old is None:
-            new = latency_ms
+            measured[key] = (latency_ms, now, calls)
+            return
+        # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
+        age = max((now - old[1]) / self.half_life_s, (calls - old[2]) / self.half_life_calls)
+        stale = 1.0 - 0.5 ** age
+        ewma, pred = self.ewma, old[0]
+        if stale >= 1e-3 and config_id in self._by_id:
+            prior = self._prior_e2e.get(config_id) if n == 1 else None
+            if prior is None:
+                prior = self._end_to_end_prior(self._by_id[config_id], n)
+            pred = (1 - stale) * pred + stale * prior
+        if stale <= ewma:
+            # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
+            # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
+            # push a configuration out of its budget, while a sustained 2x slowdown is
+            # still followed at the full EWMA rate
+            cap = self.outlier * pred
+            if latency_ms > cap:
+                latency_ms = cap
+            a = ewma
         else:
-            # _blend and _end_to_end_prior inline: this runs on every call (issue 34)
-            stale = self._stale(old, now)
-            a = max(self.ewma, stale)
-            pred = old[0]
-            if stale >= 1e-3 and config_id in self._by_id:
-                prior = self._prior_e2e.get(config_id) if n == 1 else None
-                if prior is None:
-                    prior = self._end_to_end_prior(self._by_id[config_id], n)
-                pred = (1 - stale) * old[0] + stale * prior
-            if stale <= self.ewma:
-                # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
-                # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
-                # push a configuration out of its budget, while a sustained 2x slowdown is
-                # still followed at the full EWMA rate
-                latency_ms = min(latency_ms, self.outlier * pred)
-            new = (1 - a) * pred + a * latency_ms
-        self._measured[key] = (new, now, self._calls)
+            a = stale
+        measured[key] = ((1 - a) * pred + a * latency_ms, now, calls)
 
     # ---- the rule --------------------------------------------------------------------------
     def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:
@@ -267,7 +272,8 @@ class Policy:
                           slack, n)
 
     def fits_memory(self, c: Configuration, budget: Budget) -> bool:
-        return self._mem_ok(c, self.memory_limit_mb(budget))
+        need = self._need.get(c.id)  # _mem_ok inline: every call asks (issue 34)
+        return (self.memory_need_mb(c) if need is None else need) <= self.memory_limit_mb(budget)
 
     @staticmethod
     def preference(c: Configuration) -> tuple[float, float, int]:

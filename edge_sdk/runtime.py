@@ -14,7 +14,6 @@ import os
 import statistics
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -42,13 +41,12 @@ from edge_sdk.prediction import (BatchPrediction, Prediction, answer, answer_top
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
-from edge_sdk.runtime_exec import Executor, Interp
+from edge_sdk.runtime_exec import Cache, Executor, Interp, PerThread
 
 if TYPE_CHECKING:
     from edge_sdk.signing import KeyLike
 
-# this thread's resident interpreters: file name -> [its interpreter, the batch it is sized to]
-Cache = OrderedDict[str, list[Any]]
+
 
 __all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
 POLICIES = MODES
@@ -179,7 +177,7 @@ class EdgeModel(Executor):
         self._share_mb = self._file_shares()
         self.budget = Budget()
         self._clock = clock
-        self._local = threading.local()
+        self._local = PerThread()
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         self._batchable: dict[str, bool] = {}
         self._pinned_stages: dict[str, Stage] = {}  # config_id -> its one-stage plan
@@ -496,9 +494,8 @@ class EdgeModel(Executor):
         thread by *file*, so configurations sharing files (the all scope at S = 1 .. S_max
         lists the same sample files) share interpreters. A new interpreter is warmed up by one
         invoke, so no call's measurement includes its first-use cost."""
-        cache: Cache | None = getattr(self._local, "cache", None)
-        if cache is None:
-            cache = self._local.cache = OrderedDict()
+        local = self._local
+        cache = local.cache
         spent = 0.0
         files = c.files
         entries: tuple[list[Any], ...]
@@ -509,7 +506,10 @@ class EdgeModel(Executor):
                 if self.memory_cap_mb is not None:  # the LRU order matters only for eviction
                     cache.move_to_end(name)
                 if entry[1] == n and c.id in self.policy.first_use_ms:
-                    return [entry[0]], 0.0  # resident at this batch size: nothing to do
+                    ready = [entry[0]]  # resident at this batch size: nothing to do
+                    if n == 1 and self.memory_cap_mb is None:
+                        local.ready[c.id] = ready
+                    return ready, 0.0
                 entries = (entry,)
             else:
                 entries, spent = self._add(cache, c, files)
@@ -524,6 +524,7 @@ class EdgeModel(Executor):
             with self._lock:  # first used on files another configuration built: free
                 self.policy.first_use_ms.setdefault(c.id, 0.0)
         if any(e[1] != n for e in entries):
+            local.ready.clear()
             t0 = self._clock()
             for e in entries:
                 if e[1] != n:
@@ -549,6 +550,7 @@ class EdgeModel(Executor):
         spent = (self._clock() - t0) * 1000
         with self._lock:
             self.policy.first_use_ms[c.id] = spent
+        self._local.ready.clear()  # a file replaced or evicted: no stale interpreter served
         for f, e in zip(files, entries):
             cache[f.name] = e
         if self.memory_cap_mb is not None:
