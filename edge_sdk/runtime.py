@@ -181,6 +181,7 @@ class EdgeModel(Executor):
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         self._batchable: dict[str, bool] = {}
         self._pinned_stages: dict[str, Stage] = {}  # config_id -> its one-stage plan
+        self._pinned_plans: dict[str, tuple[Stage]] = {}  # ... as the tuple predict runs
         self._recorder: TraceRecorder | None = None
 
     def _priors(self, profile: str | os.PathLike[str] | None
@@ -317,9 +318,12 @@ class EdgeModel(Executor):
         xn = self._inputs.feed(x)
         chk = self._suspect
         sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
-        stages: tuple[Stage, ...]
+        stages: tuple[Stage, ...] | None
         if config_id is not None:
-            stages = (self._pinned(config_id, budget, 1),)
+            # the pinned one-stage plan, looked up inline (issue 34); strict mode checks it
+            stages = self._pinned_plans.get(config_id) if type(config_id) is str else None
+            if stages is None or self.strict:
+                stages = (self._pinned(config_id, budget, 1),)
         else:
             with self._lock:
                 stages = self.policy.call_stages(budget, self.strict)
@@ -424,6 +428,7 @@ class EdgeModel(Executor):
         stage = self._pinned_stages.get(config_id) if type(config_id) is str else None
         if stage is None:
             stage = self._pinned_stages[config_id] = Stage(self._config(config_id), None, 0.0)
+            self._pinned_plans[config_id] = (stage,)
         if self.strict:
             with self._lock:
                 self.policy.check_pinned(stage.config, budget, n)
