@@ -704,3 +704,24 @@ def test_load_and_predict_without_torch(bundle):
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout.strip().splitlines()[-1])
     assert sum(d["probs"]) == pytest.approx(1.0)
+
+
+def test_the_ready_interpreter_never_outlives_the_cache(bundle, xs):
+    """Issue 34's one-lookup path (PerThread.ready): a one-sample call serves the resident
+    batch-1 interpreter; a batch resizes it (the entry is dropped, the next call resizes it
+    back and answers as before); with memory_cap_mb nothing is kept there (eviction and LRU
+    order go through the cache)."""
+    m = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
+    c = next(c for c in m.manifest.configurations if c.scope == "point")
+    first = [m.predict(x, config_id=c.id) for x in xs[:4]]
+    assert m._local.ready[c.id][0][0] is m._local.cache[c.files[0].name][0][0]
+    m.predict_batch(xs[:5], config_id=c.id)
+    assert c.id not in m._local.ready  # resized to 5: not a batch-1 interpreter
+    again = [m.predict(x, config_id=c.id) for x in xs[:4]]
+    assert [p.label for p in again] == [p.label for p in first]
+    np.testing.assert_array_equal([p.probs for p in again], [p.probs for p in first])
+    (it, inp, *_), = m._local.ready[c.id]
+    assert list(it.get_input_details()[0]["shape"]) == [1, *m.input_spec.shape[1:]]
+    capped = edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB, memory_cap_mb=1e5)
+    capped.predict(xs[0], config_id=c.id)
+    assert capped._local.ready == {}
