@@ -478,6 +478,11 @@ class EdgeModel(Executor):
             interps.append((it, it.get_input_details()[0]["index"], outs[0]["index"], ans))
         return interps
 
+    def _forget_interpreters(self) -> None:
+        """Drop this thread's interpreters: the next call rebuilds them (tests)."""
+        self._local.cache.clear()
+        self._local.ready.clear()
+
     def _interpreters(self, c: Configuration) -> list[Interp]:
         """``c``'s interpreters for this thread at batch 1 (benchmarks)."""
         return self._resident(c, 1)[0]

@@ -182,7 +182,7 @@ def test_lru_under_the_memory_cap_rematerialises_and_reverifies(tiny, monkeypatc
     first = {i: model.predict(x, config_id=i).probs for i in ids}
     for _ in range(2):
         for i in ids:
-            model._local.__dict__.clear()  # this thread's interpreters too: bytes are needed
+            model._forget_interpreters()  # this thread's interpreters too: bytes are needed
             assert np.array_equal(model.predict(x, config_id=i).probs, first[i])
             assert src.resident_bytes() <= src.cap_bytes
     made = src.materialized
@@ -198,7 +198,7 @@ def test_lru_under_the_memory_cap_rematerialises_and_reverifies(tiny, monkeypatc
     monkeypatch.setattr(StoreSlices, "build", counting)
     evicted = next(n for n in src.names() if n not in src.resident())
     config = next(c for c in m.configurations if c.files[-1].name == evicted)
-    model._local.__dict__.clear()
+    model._forget_interpreters()
     model.predict(x, config_id=config.id)
     assert evicted in calls  # built again, and build() verifies (sha256, tensors)
     assert real is edge_sdk.store.materialize_file

@@ -199,7 +199,7 @@ def test_a_file_swapped_after_load_never_runs(bundle, tmp_path):
     for n, blob in zip(names, blobs[1:] + blobs[:1]):  # every file gets another one's bytes
         (copy / n).write_bytes(blob)
     assert any((copy / n).read_bytes() != b for n, b in zip(names, blobs))
-    model._local.__dict__.clear()  # this thread's interpreters are rebuilt too
+    model._forget_interpreters()  # this thread's interpreters are rebuilt too
     after: dict = {}
     t = threading.Thread(target=lambda: after.update(
         {i: tuple(model.predict(x, config_id=i).probs) for i in ids}))
