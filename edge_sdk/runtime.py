@@ -181,7 +181,7 @@ class EdgeModel(Executor):
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         self._batchable: dict[str, bool] = {}
         self._pinned_stages: dict[str, Stage] = {}  # config_id -> its one-stage plan
-        self._pinned_plans: dict[str, tuple[Stage]] = {}  # ... as the tuple predict runs
+        self._pinned_plans: dict[str, tuple[Stage]] = {}  # config_id -> (that stage,)
         self._recorder: TraceRecorder | None = None
 
     def _priors(self, profile: str | os.PathLike[str] | None

@@ -333,14 +333,14 @@ class Executor:
                 self._batchable[c.id] = False
                 for f in c.files:
                     self._local.cache.pop(f.name, None)
-                    self._local.ready.clear()
+                self._local.ready.clear()
             except EdgeSdkError:
                 raise  # a slice refused (e.g. materialised bytes off the manifest): not a resize
             except _RESIZE_ERRORS:
                 self._batchable[c.id] = False  # remember: this slice loops
                 for f in c.files:  # a failed resize leaves them unusable
                     self._local.cache.pop(f.name, None)
-                    self._local.ready.clear()
+                self._local.ready.clear()
             else:
                 t0 = self._clock()
                 outs: list[Logits] = []
