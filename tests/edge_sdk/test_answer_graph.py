@@ -142,7 +142,7 @@ def test_the_raw_input_reads_back_and_never_shadows_a_name():
     assert src != RAW_INPUT and graph.tensor(src).dtype == "uint8"
     assert [o.op for o in graph.ops[:3]] == ["CAST", "MUL", "ADD"]
     assert graph.ops[2].outputs == [RAW_INPUT] and graph.outputs == ["logits", ANSWER]
-    with pytest.raises(SliceError, match=r"normalises 1 channels.*\[1, 5, 4, 3\]|\[1, 5, 4, 3\].*normalises 1"):
+    with pytest.raises(SliceError, match=r"\[1, 5, 4, 3\].*normalises 1 channels"):
         runtime_graph(plain, RawInput("float32", (1.0,), (0.0,)), None)
 
 
