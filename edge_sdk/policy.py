@@ -136,6 +136,13 @@ class Policy:
         # static per configuration: the prior plus the SDK overhead, looked up on every call
         self._prior_e2e = {c.id: self.prior_latency_ms(c) + self.overhead_ms(c)
                            for c in self._configs}
+        # a lower bound of each one-sample prediction, whatever its age: _predicted blends
+        # the measurement towards the prior, so it lies between the two, and observe()
+        # lowers the bound to every smaller measurement. call_stages passes over a
+        # configuration whose floor exceeds the budget without working out its staleness
+        # (issue 34: a policy-chosen call first rules out every better configuration)
+        self._floor = {cid: min(p, self._measured[cid][0]) if cid in self._measured else p
+                       for cid, p in self._prior_e2e.items()}
 
     @property
     def ranked(self) -> list[Configuration]:
@@ -222,6 +229,8 @@ class Policy:
         old = measured.get(key)
         if old is None:
             measured[key] = (latency_ms, now, calls)
+            if n == 1 and latency_ms < self._floor.get(config_id, latency_ms):
+                self._floor[config_id] = latency_ms
             return
         # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
         age = max((now - old[1]) / self.half_life_s, (calls - old[2]) / self.half_life_calls)
@@ -243,7 +252,10 @@ class Policy:
             a = ewma
         else:
             a = stale
-        measured[key] = ((1 - a) * pred + a * latency_ms, now, calls)
+        new = (1 - a) * pred + a * latency_ms
+        measured[key] = (new, now, calls)
+        if n == 1 and new < self._floor.get(config_id, new):
+            self._floor[config_id] = new  # (a floor left lower than it could be is still one)
 
     # ---- the rule --------------------------------------------------------------------------
     def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:
@@ -368,21 +380,33 @@ class Policy:
     def call_stages(self, budget: Budget, strict: bool = False, n: int = 1
                     ) -> tuple[Stage, ...]:
         """``plan(budget, strict, n).stages``, what the runtime executes, made cheaply in the
-        common case (issue 34: ``plan`` cost 6 us a call): the ``best`` policy whose choice is
-        the incumbent (or the first choice) needs neither the hysteresis nor a reason, so the
-        first configuration in the rule's order that fits is taken and its one stage (cached;
-        ``predicted_ms``, read only for a cascade's later stages, is 0) returned. Anything
-        else goes through :meth:`plan`. Records the decision as :meth:`plan` does."""
-        if self.mode == "best":
-            latency, last = budget.latency_ms, self._last
+        common case (issue 34: ``plan`` cost 6 us a call, ~15 us right after an invoke): for
+        the ``best`` policy whose incumbent (the last choice) still fits, :meth:`decide`'s
+        rule worked out in one pass over the rule's order, with no reason built: the first
+        configuration ranked above the incumbent that fits with the hysteresis headroom, else
+        the incumbent (with no incumbent, the first that fits). Its one stage is cached
+        (``predicted_ms``, read only for a cascade's later stages, is 0). Anything else (an
+        incumbent that no longer fits, another policy) goes through :meth:`plan`. Records
+        the decision as :meth:`plan` does."""
+        last = self._last
+        if self.mode == "best" and (last is None or last in self._by_id):
+            latency = budget.latency_ms
             limit = self.memory_limit_mb(budget)
             need, now = self._need, None
             measured, prior_e2e = self._measured, self._prior_e2e
+            floor = self._floor if n == 1 else None
+            switch: Configuration | None = None
+            keep: tuple[float, float, int] | None = None
             for c in self._ranked:
                 cid = c.id
+                pred = 0.0
                 if need[cid] > limit:
-                    continue
-                if latency is not None:
+                    fit = False
+                elif latency is None:
+                    fit = True
+                elif floor is not None and floor[cid] > latency:
+                    fit = False  # over the budget however stale its measurement
+                else:
                     if now is None:
                         now = self._clock()
                     prior = prior_e2e.get(cid) if n == 1 else None
@@ -399,16 +423,27 @@ class Policy:
                             stale = self._stale(m, now)
                             pred = m[0] if stale < 1e-3 else \
                                 (1 - stale) * m[0] + stale * prior
-                    if pred > latency:
-                        continue
-                if last is None or last == cid:
+                    fit = pred <= latency
+                if last is None or cid == last:
+                    if not fit:
+                        if last is None:
+                            continue
+                        break  # the incumbent no longer fits: plan() decides
+                    pick = c if switch is None else switch
                     self._calls += 1
-                    self._last = cid
-                    st = self._single.get(cid)
+                    self._last = pick.id
+                    st = self._single.get(pick.id)
                     if st is None:
-                        st = self._single[cid] = Stage(c, None, 0.0)
+                        st = self._single[pick.id] = Stage(pick, None, 0.0)
                     return (st,)
-                break
+                if fit and switch is None and (
+                        latency is None or pred <= latency * (1 - self.hysteresis)):
+                    # ranked above the incumbent: it replaces the incumbent only with the
+                    # headroom (decide()'s hysteresis), and only if strictly preferred
+                    if keep is None:
+                        keep = self.preference(self._by_id[last])
+                    if self.preference(c) < keep:
+                        switch = c
         return self.plan(budget, strict, n).stages
 
     def plan(self, budget: Budget, strict: bool = False, n: int = 1) -> Plan:

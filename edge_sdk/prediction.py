@@ -407,14 +407,17 @@ def batch_answer(c: Configuration, p: np.ndarray, logits: np.ndarray) -> BatchPr
     (float32), ``logits`` ``[n, S, C]``, read only for a head's entropy and MI. A NaN in a row
     (the graph's guard: a logit was not finite) is where ``argmax`` stops, so the sum of the
     confidences exposes it: refused as :func:`batch_probabilities` refuses it."""
-    n = len(p)
-    labels = p.argmax(1)  # the first maximum, as the numpy path's
-    conf = p[np.arange(n), labels].astype(np.float64)
+    # on the float64 copy (exact, monotone): the first maximum, as the numpy path's, and its
+    # value, with no index array (issue 34: each numpy call costs ~3x its warm time right
+    # after a batched invoke has evicted the caches)
+    probs = p.astype(np.float64)
+    labels = probs.argmax(1)
+    conf = probs.max(1)
     if not math.isfinite(float(_ADDR(conf))):
         _non_finite(c, logits)
-    probs = p.astype(np.float64)
-    for a in (probs, labels, conf):
-        a.setflags(write=False)
+    probs.setflags(write=False)
+    labels.setflags(write=False)
+    conf.setflags(write=False)
     return BatchProbs(probs, labels, conf, None, None, None,
                       (c, logits) if logits.shape[1] > 1 else None)
 

@@ -401,9 +401,11 @@ class Executor:
                 if suspect is not None:
                     abstain |= suspect
             total = (clock() - t0) * 1000
+            policy = self.policy
             with self._lock:
-                self.policy.observe(c.id, total - built, n)
-            met = self._met([c], budget, total)
+                policy.observe(c.id, total - built, n)
+            met = (budget.latency_ms is None or total <= budget.latency_ms) and \
+                policy.fits_memory(c, budget)  # _met inline
             return BatchPrediction.of_one(c, self._labels, bp, abstain, total, invoke, met,
                                           ood, ind, sets, suspect)
         drafts: list[Draft[np.ndarray] | None] = [None] * n

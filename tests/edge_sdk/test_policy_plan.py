@@ -121,29 +121,58 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(events=st.lists(st.tuples(st.sampled_from(["w025", "w050", "w100"]),
                                  st.floats(0.1, 20.0), st.floats(0.0, 10.0)), max_size=8),
-       latency=st.one_of(st.none(), st.floats(0.1, 12.0)), memory=st.floats(0.5, 10.0),
-       calls=st.integers(0, 300), now=st.floats(0.0, 20.0))
-def test_call_stages_answers_what_plan_answers(events, latency, memory, calls, now):
-    """Whatever the measurements (ages in seconds and in decisions), the budget and the
-    incumbent, the runtime's cheap call_stages (with its inlined prediction) executes the
-    stages plan() makes, and records the same decision."""
+       latencies=st.lists(st.one_of(st.none(), st.floats(0.1, 12.0)), min_size=3,
+                          max_size=3),
+       memory=st.floats(0.5, 10.0), calls=st.integers(0, 300), now=st.floats(0.0, 20.0),
+       incumbent=st.one_of(st.none(), st.sampled_from(["w025", "w050", "w100", "gone"])),
+       hysteresis=st.sampled_from([0.0, 0.1, 0.5]))
+def test_call_stages_answers_what_plan_answers(events, latencies, memory, calls, now,
+                                               incumbent, hysteresis):
+    """Whatever the measurements (ages in seconds and in decisions), the budgets, the
+    incumbent and the hysteresis, the runtime's cheap call_stages (its inlined prediction,
+    the floor it rules configurations out by, its one-pass hysteresis) executes the stages
+    plan() makes, and records the same decision."""
     cs = [dataclasses.replace(c, memory_mb=m) for c, m in zip(ladder(plans=False), (1, 2, 4))]
     pols = []
     for _ in range(2):
         clock = FakeClock()
-        pol = Policy(cs, MemoryProbe(reader=lambda: 1e9, clock=FakeClock()), clock=clock)
+        pol = Policy(cs, MemoryProbe(reader=lambda: 1e9, clock=FakeClock()), clock=clock,
+                     hysteresis=hysteresis)
         for cid, ms, t in events:
             clock.t = t
             pol.observe(cid, ms)
             pol._calls += 7
         pol._calls += calls
         clock.t = max([t for _, _, t in events] + [0.0]) + now
+        pol._last = incumbent  # (an id no configuration has: a bundle's configurations changed)
         pols.append(pol)
     fast, slow = pols
-    budget = Budget(latency_ms=latency, memory_mb=memory)
-    for _ in range(3):  # the second and third calls have an incumbent
+    # the budget moves between calls: an incumbent chosen under another budget, a better
+    # configuration inside or outside the hysteresis headroom
+    for latency in latencies:
+        budget = Budget(latency_ms=latency, memory_mb=memory)
         assert [s.config.id for s in fast.call_stages(budget)] == ids(slow.plan(budget))
         assert (fast._last, fast._calls) == (slow._last, slow._calls)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["w025", "w050", "w100"]),
+                                 st.floats(0.001, 50.0), st.floats(0.0, 100.0)), max_size=12),
+       calls=st.integers(0, 5000), later=st.floats(0.0, 1000.0))
+def test_floor_bounds_every_prediction(events, calls, later):
+    """The floor call_stages rules a configuration out by never exceeds its prediction, at
+    any age of its measurements (in seconds and in decisions)."""
+    clock = FakeClock()
+    pol = Policy(ladder(plans=False), MemoryProbe(reader=lambda: 1e9, clock=FakeClock()),
+                 clock=clock)
+    for cid, ms, t in sorted(events, key=lambda e: e[2]):
+        clock.t = t
+        pol.observe(cid, ms)
+        pol._calls += 3
+    pol._calls += calls
+    clock.t += later
+    for c in pol.configs:
+        assert pol._floor[c.id] <= pol.predicted_latency_ms(c)
