@@ -143,6 +143,12 @@ class Policy:
         # (issue 34: a policy-chosen call first rules out every better configuration)
         self._floor = {cid: min(p, self._measured[cid][0]) if cid in self._measured else p
                        for cid, p in self._prior_e2e.items()}
+        # (latency budget, memory limit, _ranked without the leading configurations that
+        # budget and limit rule out by floor and memory need) of the last one-sample
+        # call_stages: both only ever rule a configuration out for longer (a need is fixed, a
+        # floor only falls, and every fall empties this), so a call under the same budget
+        # and limit starts where the last one's candidates began
+        self._candidates: tuple[float | None, float, list[Configuration]] | None = None
 
     @property
     def ranked(self) -> list[Configuration]:
@@ -231,6 +237,7 @@ class Policy:
             measured[key] = (latency_ms, now, calls)
             if n == 1 and latency_ms < self._floor.get(config_id, latency_ms):
                 self._floor[config_id] = latency_ms
+                self._candidates = None
             return
         # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
         age = max((now - old[1]) / self.half_life_s, (calls - old[2]) / self.half_life_calls)
@@ -256,6 +263,7 @@ class Policy:
         measured[key] = (new, now, calls)
         if n == 1 and new < self._floor.get(config_id, new):
             self._floor[config_id] = new  # (a floor left lower than it could be is still one)
+            self._candidates = None
 
     # ---- the rule --------------------------------------------------------------------------
     def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:
@@ -397,7 +405,20 @@ class Policy:
             floor = self._floor if n == 1 else None
             switch: Configuration | None = None
             keep: tuple[float, float, int] | None = None
-            for c in self._ranked:
+            ranked = self._ranked
+            if floor is not None:
+                cand = self._candidates
+                if cand is not None and cand[0] == latency and cand[1] == limit:
+                    ranked = cand[2]
+                else:
+                    i = 0
+                    for c in ranked:
+                        if need[c.id] <= limit and (latency is None or floor[c.id] <= latency):
+                            break
+                        i += 1
+                    ranked = ranked[i:]
+                    self._candidates = (latency, limit, ranked)
+            for c in ranked:
                 cid = c.id
                 pred = 0.0
                 if need[cid] > limit:

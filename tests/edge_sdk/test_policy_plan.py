@@ -128,9 +128,11 @@ from hypothesis import strategies as st  # noqa: E402
                           max_size=3),
        memory=st.floats(0.5, 10.0), calls=st.integers(0, 300), now=st.floats(0.0, 20.0),
        incumbent=st.one_of(st.none(), st.sampled_from(["w025", "w050", "w100", "gone"])),
-       hysteresis=st.sampled_from([0.0, 0.1, 0.5]))
+       hysteresis=st.sampled_from([0.0, 0.1, 0.5]),
+       between=st.lists(st.tuples(st.sampled_from(["w025", "w050", "w100"]),
+                                  st.floats(0.1, 20.0)), min_size=3, max_size=3))
 def test_call_stages_answers_what_plan_answers(events, latencies, memory, calls, now,
-                                               incumbent, hysteresis):
+                                               incumbent, hysteresis, between):
     """Whatever the measurements (ages in seconds and in decisions), the budgets, the
     incumbent and the hysteresis, the runtime's cheap call_stages (its inlined prediction,
     the floor it rules configurations out by, its one-pass hysteresis) executes the stages
@@ -151,11 +153,16 @@ def test_call_stages_answers_what_plan_answers(events, latencies, memory, calls,
         pols.append(pol)
     fast, slow = pols
     # the budget moves between calls: an incumbent chosen under another budget, a better
-    # configuration inside or outside the hysteresis headroom
-    for latency in latencies:
+    # configuration inside or outside the hysteresis headroom; each budget twice, with a
+    # measurement in between (call_stages' candidates kept, or dropped by a lower floor)
+    for latency, (cid, ms) in zip(latencies, between):
         budget = Budget(latency_ms=latency, memory_mb=memory)
-        assert [s.config.id for s in fast.call_stages(budget)] == ids(slow.plan(budget))
-        assert (fast._last, fast._calls) == (slow._last, slow._calls)
+        for again in (False, True):
+            assert [s.config.id for s in fast.call_stages(budget)] == ids(slow.plan(budget))
+            assert (fast._last, fast._calls) == (slow._last, slow._calls)
+            if not again:
+                fast.observe(cid, ms)
+                slow.observe(cid, ms)
 
 
 @settings(max_examples=300, deadline=None)
