@@ -16,8 +16,9 @@
 
 Budgets are set from the latencies this process measures for each configuration in a short
 warm-up, so every phase means the same thing on a fast laptop and a slow CI runner: each
-latency budget is one the configuration the policy picks under it met on >= 98 % of its
-warm-up calls (issue 34); a budget no configuration can meet is its own phase, on a
+latency budget is one the configuration the policy picks under it met on >= 99 % of its
+warm-up calls (issue 34; at 98 % the tightest phase met its budget on 94.3-95.7 % of replayed
+calls in three runs on this host, whose speed drifts between the warm-up and the replay); a budget no configuration can meet is its own phase, on a
 ``strict=True`` model that refuses every call with ``BudgetNotMetError``.
 Wall time on a 2-core machine busy with other jobs: 7 min 8 s to 12 min 43 s for ``make demo``,
 1 min 23 s to 2 min 26 s with ``--quick`` (README, Quick start, states the commands and the load).
@@ -58,7 +59,7 @@ def _quantile(v: list[float], q: float) -> float:
     return float(np.quantile(np.asarray(v), q))
 
 
-def latency_budgets(model, samples: dict[str, list[float]], met: float = 0.98
+def latency_budgets(model, samples: dict[str, list[float]], met: float = 0.99
                     ) -> tuple[float | None, float | None, float]:
     """(battery saver, CPU shared, below every configuration) latency budgets in ms, chosen
     from the end-to-end latencies ``samples`` this process measured per configuration in the
@@ -331,7 +332,7 @@ def summary_markdown(trace: dict) -> str:
     lines += [
         "",
         f"Stage 4/5 replays the budget ({run['calls']} calls per phase; each latency budget "
-        f"the tightest that the configuration the policy picks under it met on >= 98 % of its "
+        f"the tightest that the configuration the policy picks under it met on >= 99 % of its "
         f"end-to-end warm-up calls; `{run['trace']}`, figure "
         f"`{run['figure']}`). *mean ms* is the whole `predict()` call, what the app waits and "
         f"what the budget is judged on; *invoke ms* its interpreter part; *SDK ms* the median "

@@ -82,7 +82,7 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
     cost = lambda rs: np.mean([by_id[r["config_id"]].latency_ms for r in rs])  # noqa: E731
     budget = lambda name: phases[name][0]["budget_latency_ms"]  # noqa: E731
     # the demo may give both phases the same budget (the tightest one a configuration met on
-    # >= 98 % of its warm-up calls): then they are one constraint and which of two equally
+    # >= 99 % of its warm-up calls): then they are one constraint and which of two equally
     # fitting configurations answers is timing noise, not a costlier choice
     # The rule orders configurations that fit. A phase whose calls mostly miss their budget
     # is in the "nothing fits" regime, where the policy answers with the configuration its live
