@@ -18,10 +18,11 @@ Budgets are set from the latencies this process measures for each configuration 
 warm-up, so every phase means the same thing on a fast laptop and a slow CI runner: each
 latency budget is one the configuration the policy picks under it met on >= 99 % of its
 warm-up calls (issue 34; at 98 % the tightest phase met its budget on 94.3-95.7 % of replayed
-calls in three runs on this host, whose speed drifts between the warm-up and the replay); a budget no configuration can meet is its own phase, on a
-``strict=True`` model that refuses every call with ``BudgetNotMetError``.
-Wall time on a 2-core machine busy with other jobs: 7 min 8 s to 12 min 43 s for ``make demo``,
-1 min 23 s to 2 min 26 s with ``--quick`` (README, Quick start, states the commands and the load).
+calls in three runs on this host, whose speed drifts between the warm-up and the replay); a
+budget no configuration can meet is its own phase, on a ``strict=True`` model that refuses
+every call with ``BudgetNotMetError``.
+Wall time on this 2-core machine, installed: 38-48 s for ``make demo`` (five runs, issue 34's
+last session), 24 s with ``--quick``; each run's ``summary.md`` states its own and the load.
 """
 from __future__ import annotations
 
