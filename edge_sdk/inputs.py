@@ -149,10 +149,6 @@ class InputChecker:
             self.grey is not None and len(shape) == 3 and tuple(shape[1:]) == self.grey
             and tuple(shape) != self.want)
 
-    def batch(self, xs: npt.ArrayLike, what: str = "xs") -> Normalised:
-        """``N`` samples -> normalised float32 ``[N, H, W, C]``."""
-        return self._values(self._batch(xs, what), what)
-
     def feed_batch(self, xs: npt.ArrayLike, what: str = "xs") -> npt.NDArray[Any]:
         """``N`` samples -> checked raw values ``[N, H, W, C]`` of :attr:`feed_dtype`."""
         return np.ascontiguousarray(self._checked(self._batch(xs, what), what))

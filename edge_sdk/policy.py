@@ -234,32 +234,30 @@ class Policy:
         measured, calls = self._measured, self._calls
         old = measured.get(key)
         if old is None:
-            measured[key] = (latency_ms, now, calls)
-            if n == 1 and latency_ms < self._floor.get(config_id, latency_ms):
-                self._floor[config_id] = latency_ms
-                self._candidates = None
-            return
-        # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
-        age = max((now - old[1]) / self.half_life_s, (calls - old[2]) / self.half_life_calls)
-        stale = 1.0 - 0.5 ** age
-        ewma, pred = self.ewma, old[0]
-        if stale >= 1e-3 and config_id in self._by_id:
-            prior = self._prior_e2e.get(config_id) if n == 1 else None
-            if prior is None:
-                prior = self._end_to_end_prior(self._by_id[config_id], n)
-            pred = (1 - stale) * pred + stale * prior
-        if stale <= ewma:
-            # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
-            # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
-            # push a configuration out of its budget, while a sustained 2x slowdown is
-            # still followed at the full EWMA rate
-            cap = self.outlier * pred
-            if latency_ms > cap:
-                latency_ms = cap
-            a = ewma
+            new = latency_ms
         else:
-            a = stale
-        new = (1 - a) * pred + a * latency_ms
+            # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
+            age = max((now - old[1]) / self.half_life_s,
+                      (calls - old[2]) / self.half_life_calls)
+            stale = 1.0 - 0.5 ** age
+            ewma, pred = self.ewma, old[0]
+            if stale >= 1e-3 and config_id in self._by_id:
+                prior = self._prior_e2e.get(config_id) if n == 1 else None
+                if prior is None:
+                    prior = self._end_to_end_prior(self._by_id[config_id], n)
+                pred = (1 - stale) * pred + stale * prior
+            if stale <= ewma:
+                # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
+                # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
+                # push a configuration out of its budget, while a sustained 2x slowdown is
+                # still followed at the full EWMA rate
+                cap = self.outlier * pred
+                if latency_ms > cap:
+                    latency_ms = cap
+                a = ewma
+            else:
+                a = stale
+            new = (1 - a) * pred + a * latency_ms
         measured[key] = (new, now, calls)
         if n == 1 and new < self._floor.get(config_id, new):
             self._floor[config_id] = new  # (a floor left lower than it could be is still one)

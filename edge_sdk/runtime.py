@@ -46,8 +46,6 @@ from edge_sdk.runtime_exec import Cache, Executor, Interp, PerThread
 if TYPE_CHECKING:
     from edge_sdk.signing import KeyLike
 
-
-
 __all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
 POLICIES = MODES
 MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
@@ -180,8 +178,7 @@ class EdgeModel(Executor):
         self._local = PerThread()
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         self._batchable: dict[str, bool] = {}
-        self._pinned_stages: dict[str, Stage] = {}  # config_id -> its one-stage plan
-        self._pinned_plans: dict[str, tuple[Stage]] = {}  # config_id -> (that stage,)
+        self._pinned_plans: dict[str, tuple[Stage]] = {}  # config_id -> its one-stage plan
         self._recorder: TraceRecorder | None = None
 
     def _priors(self, profile: str | os.PathLike[str] | None
@@ -425,10 +422,10 @@ class EdgeModel(Executor):
         return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
 
     def _pinned(self, config_id: str, budget: Budget, n: int) -> Stage:
-        stage = self._pinned_stages.get(config_id) if type(config_id) is str else None
-        if stage is None:
-            stage = self._pinned_stages[config_id] = Stage(self._config(config_id), None, 0.0)
-            self._pinned_plans[config_id] = (stage,)
+        plan = self._pinned_plans.get(config_id) if type(config_id) is str else None
+        if plan is None:
+            plan = self._pinned_plans[config_id] = (Stage(self._config(config_id), None, 0.0),)
+        stage = plan[0]
         if self.strict:
             with self._lock:
                 self.policy.check_pinned(stage.config, budget, n)
