@@ -315,15 +315,16 @@ class Executor:
         f: npt.NDArray[np.float32] = it.get_tensor(self._feature_index(c, it)).reshape(n, -1).copy()
         return f
 
-    def _run_batch(self, c: Configuration, xb: npt.NDArray[Any]
-                   ) -> tuple[Logits, float, float, npt.NDArray[np.float32] | None,
+    def _run_batch(self, c: Configuration, xb: npt.NDArray[Any], answer_only: bool = False
+                   ) -> tuple[Logits | None, float, float, npt.NDArray[np.float32] | None,
                               npt.NDArray[np.float32] | None]:
         """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None,
         the graph's answers ``[n, C]`` or None: edge_sdk.answer_graph) of ``n`` checked raw
         samples (``InputChecker.feed_batch``):
         one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
         says the batch dimension is resizable (its output is ``[n * rows, C]``, sample-major),
-        else one invoke per sample."""
+        else one invoke per sample. ``answer_only``: the logits are not read (None) when the
+        graph computed the answers in one batched invoke (a point needs nothing else)."""
         n = len(xb)
         # version-1 bundles hard-code batch 1 in their graphs (XNNPACK refuses the resize)
         if n > 1 and self.manifest.batch_resizable and self._batchable.get(c.id, True):
@@ -343,16 +344,24 @@ class Executor:
                 self._local.ready.clear()
             else:
                 t0 = self._clock()
+                it, inp, out, ans = interps[0]
+                if len(interps) == 1 and ans >= 0:  # the graph computed the answers
+                    it.set_tensor(inp, xb)
+                    it.invoke()
+                    p = it.get_tensor(ans)
+                    # a point's logits are read only to name a non-finite one (issue 34: a
+                    # get_tensor costs ~4 us right after a batched invoke)
+                    lg = None if answer_only else it.get_tensor(out).reshape(n, -1, self._classes)
+                    return lg, (self._clock() - t0) * 1000, built, \
+                        self._features(c, interps, n), p
                 outs: list[Logits] = []
                 for it, inp, out, _ in interps:
                     it.set_tensor(inp, xb)
                     it.invoke()
                     outs.append(it.get_tensor(out).reshape(n, -1, self._classes))
                 ms = (self._clock() - t0) * 1000
-                it, _, _, ans = interps[0]
                 return (outs[0] if len(outs) == 1 else np.concatenate(outs, 1)), ms, built, \
-                    self._features(c, interps, n), \
-                    it.get_tensor(ans) if len(interps) == 1 and ans >= 0 else None
+                    self._features(c, interps, n), None
         interps, built = self._resident(c, 1)
         rows: list[Logits] = []
         feats: list[npt.NDArray[np.float32] | None] = []
@@ -381,9 +390,19 @@ class Executor:
         n = len(xn)
         if len(stages) == 1:  # one configuration answers all: arrays only (issue 34)
             c = stages[0].config
-            logits, invoke, built, feats, answers = self._run_batch(c, xn)
-            bp = batch_probabilities(c, logits) if answers is None else \
-                batch_answer(c, answers, logits)
+            logits, invoke, built, feats, answers = self._run_batch(
+                c, xn, answer_only=c.scope == "point")
+            if answers is None:
+                assert logits is not None
+                bp = batch_probabilities(c, logits)
+            else:
+                got = batch_answer(c, answers, logits)
+                if got is None:  # the graph's guard: a logit was not finite
+                    if logits is None:  # not read: the interpreter still holds them
+                        it, _, out, _ = self._resident(c, n)[0][0]
+                        logits = it.get_tensor(out)
+                    _non_finite(c, logits)
+                bp = got
             ood = ind = sets = None
             if self._unc is not None:
                 wk = self._unc_width.get(c.id)
@@ -415,6 +434,7 @@ class Executor:
         for i, st in enumerate(stages):
             s0 = clock()
             logits, ms, b, feats, _ = self._run_batch(st.config, xn[pending])
+            assert logits is not None  # (read unless answer_only)
             ds = draft_batch(st.config, logits)
             s1 = clock()
             times.append((st.config, (s1 - s0) * 1000 - b))

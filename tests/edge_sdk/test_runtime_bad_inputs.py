@@ -5,6 +5,7 @@ no torch."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 
 import numpy as np
@@ -233,3 +234,38 @@ def test_the_strict_memory_error_states_the_memory_shortfall(bundle, x):
     assert f"needs {smallest:.4g} MB" in msg and f"{smallest * 3 / 4:.4g} MB short" in msg
     assert " ms" not in msg
     assert isinstance(info.value, BudgetError) and isinstance(info.value, EdgeSdkError)
+
+
+# ------------------------------------------------------------- the lean path of feed_batch
+@pytest.mark.parametrize("case", ["inside", "edges", "below", "above", "nan", "inf", "strided",
+                                  "float64", "readonly"])
+def test_feed_batch_takes_the_general_path_whenever_its_lean_one_would_differ(model, case):
+    """InputChecker.feed_batch answers an exact-dtype, exact-shape batch inline (issue 34):
+    the same values and the same refusal as the general check, for every kind of batch."""
+    chk = model._inputs
+    lo, hi = model.input_spec.value_range
+    xs = np.random.default_rng(0).uniform(lo, hi, (6, *chk.want)).astype(np.float32)
+    if case == "edges":
+        xs[0], xs[1] = lo, hi
+    elif case in ("below", "above", "nan", "inf"):
+        xs[3, 0, 0, 0] = {"below": lo - 1, "above": hi + 1, "nan": np.nan, "inf": np.inf}[case]
+    elif case == "strided":
+        xs = np.concatenate([xs, xs])[::2]
+        assert not xs.flags.c_contiguous
+    elif case == "float64":
+        xs = xs.astype(np.float64)
+    elif case == "readonly":
+        xs.setflags(write=False)
+
+    def general():
+        return np.ascontiguousarray(chk._checked(chk._batch(xs, "xs"), "xs"))
+
+    if case in ("below", "above", "nan", "inf"):
+        with pytest.raises(InputError) as want:
+            general()
+        with pytest.raises(InputError, match=f"^{re.escape(str(want.value))}$"):
+            chk.feed_batch(xs)
+        return
+    got, ref = chk.feed_batch(xs), general()
+    assert got.flags.c_contiguous and got.dtype == ref.dtype == chk.feed_dtype
+    np.testing.assert_array_equal(got, ref)
