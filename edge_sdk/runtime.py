@@ -35,9 +35,8 @@ from edge_sdk.bundle import width_key
 from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError
-from edge_sdk.prediction import (BatchPrediction, Prediction, answer, answer_top, draft,
-                                 eager_fields, finish,
-                                 lean_answer, lean_top, probabilities)
+from edge_sdk.answer_maths import answer_top, eager_fields, lean_top, probabilities
+from edge_sdk.prediction import BatchPrediction, Prediction, answer, draft, finish, lean_answer
 from edge_sdk.uncertainty import Uncertainty, check_alpha
 from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder

@@ -21,23 +21,25 @@ from edge_sdk.errors import AllocationError, BundleError, EdgeSdkError
 from edge_sdk.budget import Budget
 from edge_sdk.policy import Stage
 from edge_sdk.bundle import Configuration
-from edge_sdk.prediction import (
-    BatchPrediction,
-    Draft,
+from edge_sdk.answer_maths import (
     Lazy,
-    Prediction,
     _non_finite,
-    answer,
     answer_top,
     batch_answer,
     batch_probabilities,
-    draft,
-    draft_batch,
     eager_fields,
-    finish,
-    lean_answer,
     lean_top,
     probabilities,
+)
+from edge_sdk.prediction import (
+    BatchPrediction,
+    Draft,
+    Prediction,
+    answer,
+    draft,
+    draft_batch,
+    finish,
+    lean_answer,
 )
 from edge_sdk.uncertainty import cascade_key
 

@@ -145,7 +145,8 @@ def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
 
 
 def _lean(model, c, logits):
-    from edge_sdk.prediction import lean_answer, point_top, rows_top
+    from edge_sdk.answer_maths import point_top, rows_top
+    from edge_sdk.prediction import lean_answer
 
     if len(logits) == 1:
         label, conf, lazy = point_top(c, logits)
@@ -160,7 +161,7 @@ def _lean(model, c, logits):
                         hnp.arrays(np.float32, (4, CLASSES), elements=finite)),
        t=temperatures)
 def test_a_lean_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
-    from edge_sdk.prediction import probabilities
+    from edge_sdk.answer_maths import probabilities
 
     c = dataclasses.replace(model.manifest.configurations[0], temperature=t)
     probs, entropy, mi, label, conf = probabilities(c, logits)
@@ -180,7 +181,7 @@ def test_a_lean_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
 def test_a_row_that_underflows_under_the_global_shift_takes_the_exact_path(model):
     """Rows 1,600 apart at T = 0.1: shifted by the global maximum the low row's exps are all
     0, so rows_top declines and probabilities() shifts each row by its own maximum."""
-    from edge_sdk.prediction import rows_top
+    from edge_sdk.answer_maths import rows_top
 
     logits = np.array([[80.0] + [0.0] * (CLASSES - 1), [-80.0] * CLASSES], np.float32)
     c = dataclasses.replace(model.manifest.configurations[0], temperature=0.1)
