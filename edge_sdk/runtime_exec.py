@@ -1,6 +1,7 @@
 """Executing a plan: the stages the policy chose, on this thread's interpreters, timed end to
-end. A mixin of :class:`edge_sdk.runtime.EdgeModel` (which provides ``_resident``, ``policy``,
-``_clock``, ``_lock``, ``_labels``, ``_target_key``, ``_classes``, ``_batchable``).
+end. A mixin of :class:`edge_sdk.runtime.EdgeModel` (which provides ``policy``, ``_clock``,
+``_lock``, ``_labels``, ``_target_key``, ``_classes``, ``_batchable``) beside
+:class:`edge_sdk.residency.Residency` (``_resident``: this thread's interpreters).
 
 What is measured: ``latency_ms`` is the wall time from the call's entry to its answer (what
 the app waits); the policy learns it per configuration, minus the time spent building or
@@ -10,7 +11,6 @@ never pushes a configuration out of its budget.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
@@ -41,6 +41,7 @@ from edge_sdk.prediction import (
     finish,
     lean_answer,
 )
+from edge_sdk.residency import Interp, PerThread
 from edge_sdk.uncertainty import cascade_key
 
 if TYPE_CHECKING:
@@ -48,30 +49,9 @@ if TYPE_CHECKING:
     from edge_sdk.policy import Policy
     from edge_sdk.uncertainty import Uncertainty
 
-# One interpreter of a slice: (the backend's interpreter, its input, logits and answer tensor
-# indices; the answer: edge_sdk.answer_graph, -1 when the slice has none). The interpreters
-# come from the backend by name (no stubs), hence Any.
-Interp = tuple[Any, int, int, int]
 Logits = npt.NDArray[np.float32]
 
 _RESIZE_ERRORS = (RuntimeError, ValueError)  # what LiteRT raises for a batch it cannot take
-
-
-# this thread's resident interpreters: file name -> [its interpreter, the batch it is sized to]
-Cache = OrderedDict[str, list[Any]]
-
-
-class PerThread(threading.local):
-    """One thread's interpreters. ``cache``: by file name, least recently used first.
-    ``ready``: by configuration id, the one interpreter of a point or head configuration that
-    is resident at batch 1 with its first use recorded, so a one-sample call finds it with one
-    lookup (issue 34: ``_resident``'s checks cost 0.5 us warm, more after a wide invoke); only
-    without ``memory_cap_mb`` (whose LRU order every use moves), emptied whenever ``cache``
-    changes (a build, a resize, an eviction)."""
-
-    def __init__(self) -> None:
-        self.cache: Cache = OrderedDict()
-        self.ready: dict[str, list[Interp]] = {}
 
 
 class Executor:
