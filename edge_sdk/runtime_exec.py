@@ -325,25 +325,21 @@ class Executor:
                     self._local.cache.pop(f.name, None)
                 self._local.ready.clear()
             else:
+                ans = interps[0][3] if len(interps) == 1 else -1  # the graph's answers
+                # a point's logits are read only to name a non-finite one (issue 34: a
+                # get_tensor costs ~4 us right after a batched invoke)
+                read = not (answer_only and ans >= 0)
                 t0 = self._clock()
-                it, inp, out, ans = interps[0]
-                if len(interps) == 1 and ans >= 0:  # the graph computed the answers
-                    it.set_tensor(inp, xb)
-                    it.invoke()
-                    p = it.get_tensor(ans)
-                    # a point's logits are read only to name a non-finite one (issue 34: a
-                    # get_tensor costs ~4 us right after a batched invoke)
-                    lg = None if answer_only else it.get_tensor(out).reshape(n, -1, self._classes)
-                    return lg, (self._clock() - t0) * 1000, built, \
-                        self._features(c, interps, n), p
                 outs: list[Logits] = []
                 for it, inp, out, _ in interps:
                     it.set_tensor(inp, xb)
                     it.invoke()
-                    outs.append(it.get_tensor(out).reshape(n, -1, self._classes))
+                    if read:
+                        outs.append(it.get_tensor(out).reshape(n, -1, self._classes))
                 ms = (self._clock() - t0) * 1000
-                return (outs[0] if len(outs) == 1 else np.concatenate(outs, 1)), ms, built, \
-                    self._features(c, interps, n), None
+                return (None if not outs else outs[0] if len(outs) == 1 else
+                        np.concatenate(outs, 1)), ms, built, self._features(c, interps, n), \
+                    interps[0][0].get_tensor(ans) if ans >= 0 else None
         interps, built = self._resident(c, 1)
         rows: list[Logits] = []
         feats: list[npt.NDArray[np.float32] | None] = []
@@ -402,11 +398,9 @@ class Executor:
                 if suspect is not None:
                     abstain |= suspect
             total = (clock() - t0) * 1000
-            policy = self.policy
             with self._lock:
-                policy.observe(c.id, total - built, n)
-            met = (budget.latency_ms is None or total <= budget.latency_ms) and \
-                policy.fits_memory(c, budget)  # _met inline
+                self.policy.observe(c.id, total - built, n)
+            met = self._met([c], budget, total)
             return BatchPrediction.of_one(c, self._labels, bp, abstain, total, invoke, met,
                                           ood, ind, sets, suspect)
         drafts: list[Draft[np.ndarray] | None] = [None] * n
