@@ -16,13 +16,13 @@ from trainer.config import DataConfig
 from trainer.data import (
     ArrayDataset,
     InputSpec,
-    _digits_arrays,
     _stratified_split,
     calibration_subset,
     load_data,
     load_ood,
     subset,
 )
+from trainer.sources import _digits_arrays
 
 
 @pytest.fixture(scope="module")
