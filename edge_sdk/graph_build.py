@@ -11,9 +11,10 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import Graph, Op, Quantization, Tensor, check_tensor, infer_shape
+from edge_sdk.graph import Graph, Op, Quantization, Tensor, check_tensor
+from edge_sdk.graph_ops import infer_shape
 
-IntPair = int | Sequence[int]  # 2 or [2, 2]: a window's size or stride (edge_sdk.graph.pair)
+IntPair = int | Sequence[int]  # 2 or [2, 2]: a window's size or stride (edge_sdk.graph_ops.pair)
 
 
 class PerChannelScale(Protocol):
@@ -108,7 +109,7 @@ class GraphBuilder:
 
     # ---- ops -------------------------------------------------------------------------------
     def op(self, op: str, inputs: Sequence[str | None], name: str, **options: Any) -> str:
-        """Any op of :data:`edge_sdk.graph.OPS`; the output's shape is inferred (and checked)."""
+        """Any op of :data:`edge_sdk.graph_ops.OPS`; the output's shape is inferred (and checked)."""
         for n in inputs:
             if n is not None and n not in self.tensors:
                 raise ConfigError(f"{op} {name!r}: input {n!r} is not a tensor of this graph")

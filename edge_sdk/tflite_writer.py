@@ -34,7 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import Graph, Quantization, check_weight, pair
+from edge_sdk.graph import Graph, Quantization, check_weight
+from edge_sdk.graph_ops import pair
 
 __all__ = ["BUILTIN_CODES", "OPTIONS_TYPES", "TENSOR_TYPES", "write_tflite"]
 
