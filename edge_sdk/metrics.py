@@ -1,7 +1,8 @@
 """Quality and uncertainty metrics, defined once for the trainer, the exporters and the runtime.
 
 Also the one home of the maths the exporters and benchmarks share: posterior averaging at a
-temperature (:func:`predictive_probs`), selective prediction (:func:`risk_coverage`, which the
+temperature (:func:`predictive_probs`, with softmax and the entropies defined in
+:mod:`edge_sdk.predictive` and re-exported here), selective prediction (:func:`risk_coverage`, which the
 exported confidence thresholds and cascade plans are cut from) and the weight entropy the
 manifest records (:func:`codebook_stats`).
 
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from edge_sdk.errors import InputError
+from edge_sdk.metric_inputs import _as_scores, _probs_and_labels
+# re-exported: metrics is where the trainer, exporters and benchmarks look for them
+from edge_sdk.predictive import (expected_entropy, log_softmax, mutual_information,
+                                 predictive_entropy, predictive_probs, sample_probs, softmax)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -48,99 +53,6 @@ __all__ = [
     "summarize",
     "weight_entropy_bits",
 ]
-
-# Probabilities computed in float32 (interpreters, exported graphs) do not sum to exactly 1.
-_SUM_TOLERANCE = 1e-3
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _as_float_array(x: ArrayLike, name: str) -> NDArray[np.float64]:
-    try:
-        return np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(
-            f"{name} must be a numeric array, got {type(x).__name__} ({exc})"
-        ) from None
-
-
-def _check_distributions(p: NDArray[np.float64], name: str, shape_doc: str) -> None:
-    """Check that every vector along the last axis of ``p`` is a probability distribution."""
-    if p.size == 0:
-        raise InputError(f"{name} must not be empty; expected shape {shape_doc}, got {p.shape}")
-    if not np.all(np.isfinite(p)):
-        raise InputError(f"{name} must contain only finite values; found NaN or inf")
-    if np.any(p < 0):
-        raise InputError(f"{name} must be probabilities >= 0; found minimum {p.min():.6g}")
-    sums = p.sum(axis=-1)
-    bad = np.abs(sums - 1.0) > _SUM_TOLERANCE
-    if np.any(bad):
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        where = str(first[0]) if len(first) == 1 else str(first)
-        raise InputError(
-            f"{name} rows must sum to 1 (within {_SUM_TOLERANCE:g}) over the class axis; "
-            f"row {where} sums to {sums[first]:.6g}. Pass probabilities, not logits (see softmax)"
-        )
-
-
-def _as_probs(probs: ArrayLike) -> NDArray[np.float64]:
-    p = _as_float_array(probs, "probs")
-    if p.ndim != 2:
-        raise InputError(f"probs must be a 2-D array of shape [N, C], got shape {p.shape}")
-    _check_distributions(p, "probs", "[N, C]")
-    return p
-
-
-def _as_labels(labels: ArrayLike, n: int, n_classes: int) -> NDArray[np.intp]:
-    y = np.asarray(labels)
-    if y.ndim != 1 or y.shape[0] != n:
-        raise InputError(
-            f"labels must be a 1-D array of length N={n} (one per row of probs), "
-            f"got shape {y.shape}"
-        )
-    # Integral floats (e.g. labels that went through a float tensor) are unambiguous; bools are not.
-    if y.dtype.kind == "f" and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
-        y = y.astype(np.intp)
-    if y.dtype.kind not in "iu":
-        raise InputError(f"labels must be integer class indices, got dtype {y.dtype}")
-    if y.min() < 0 or y.max() >= n_classes:
-        raise InputError(
-            f"labels must be class indices in [0, {n_classes}) "
-            f"for probs with C={n_classes} columns, "
-            f"got values in [{y.min()}, {y.max()}]"
-        )
-    return y.astype(np.intp)
-
-
-def _probs_and_labels(
-    probs: ArrayLike, labels: ArrayLike
-) -> tuple[NDArray[np.float64], NDArray[np.intp]]:
-    p = _as_probs(probs)
-    return p, _as_labels(labels, p.shape[0], p.shape[1])
-
-
-def _as_scores(scores: ArrayLike, name: str) -> NDArray[np.float64]:
-    s = _as_float_array(scores, name)
-    if s.ndim != 1 or s.size == 0:
-        raise InputError(f"{name} must be a non-empty 1-D array of shape [N], got shape {s.shape}")
-    if not np.all(np.isfinite(s)):
-        raise InputError(f"{name} must contain only finite values; found NaN or inf")
-    return s
-
-
-def _as_sample_probs(probs_s: ArrayLike) -> NDArray[np.float64]:
-    p = _as_float_array(probs_s, "probs_s")
-    if p.ndim == 2:
-        p = p[np.newaxis]
-    elif p.ndim != 3:
-        raise InputError(
-            f"probs_s must have shape [S, N, C] (or [N, C] for a single sample), "
-            f"got shape {p.shape}"
-        )
-    _check_distributions(p, "probs_s", "[S, N, C]")
-    return p
-
 
 # --------------------------------------------------------------------------- classification quality
 
@@ -347,110 +259,6 @@ def ood_aupr(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
     precision = tp / (tp + fp)
     recall = tp / s_out.size
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
-# --------------------------------------------------------------------------- uncertainty
-
-
-def _entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
-    # log(1) = 0 stands in for log(0), so zero probabilities contribute 0 without a warning.
-    h: NDArray[np.float64] = -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=-1)
-    return h
-
-
-def _predictive_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
-    return _entropy(p.mean(axis=0))
-
-
-def _expected_entropy(p: NDArray[np.float64]) -> NDArray[np.float64]:
-    h: NDArray[np.float64] = _entropy(p).mean(axis=0)
-    return h
-
-
-def predictive_entropy(probs_s: ArrayLike) -> NDArray[np.float64]:
-    """``H[mean_s p_s]`` per input, from sample probabilities [S, N, C] (or [N, C]); returns [N]."""
-    return _predictive_entropy(_as_sample_probs(probs_s))
-
-
-def expected_entropy(probs_s: ArrayLike) -> NDArray[np.float64]:
-    """``mean_s H[p_s]`` per input (aleatoric part), from [S, N, C] (or [N, C]); returns [N]."""
-    return _expected_entropy(_as_sample_probs(probs_s))
-
-
-def mutual_information(probs_s: ArrayLike) -> NDArray[np.float64]:
-    """Predictive minus expected entropy, clamped at 0 (epistemic part); returns [N].
-
-    Input as for :func:`predictive_entropy`.
-    """
-    p = _as_sample_probs(probs_s)
-    # Non-negative in exact arithmetic (Jensen); only rounding can push it below 0.
-    return np.maximum(_predictive_entropy(p) - _expected_entropy(p), 0.0)
-
-
-# --------------------------------------------------------------------------- logits
-
-
-def _scaled_logits(logits: ArrayLike, axis: int, temperature: float
-                   ) -> NDArray[np.floating[Any]]:
-    x = np.asarray(logits)
-    if x.dtype.kind not in "iuf":
-        raise InputError(f"logits must be a numeric array, got dtype {x.dtype}")
-    # Keep float32 float32 (device outputs); promote integers and float16.
-    x = x.astype(np.result_type(x.dtype, np.float32), copy=False)
-    if x.ndim == 0:
-        raise InputError("logits must have at least one dimension, got a scalar")
-    if not -x.ndim <= axis < x.ndim:
-        raise InputError(
-            f"axis must be in [{-x.ndim}, {x.ndim}) for logits of shape {x.shape}, got {axis}"
-        )
-    if not np.all(np.isfinite(x)):
-        raise InputError("logits must contain only finite values; found NaN or inf")
-    if not (np.isfinite(temperature) and temperature > 0):
-        raise InputError(f"temperature must be a finite number > 0, got {temperature!r}")
-    z = x / temperature
-    # Shifting by the max changes nothing mathematically and keeps exp() from overflowing.
-    shifted: NDArray[np.floating[Any]] = z - z.max(axis=axis, keepdims=True)
-    return shifted
-
-
-def softmax(logits: ArrayLike, axis: int = -1, temperature: float = 1.0
-            ) -> NDArray[np.floating[Any]]:
-    """Numerically stable ``softmax(logits / temperature)`` along ``axis``."""
-    e = np.exp(_scaled_logits(logits, axis, temperature))
-    p: NDArray[np.floating[Any]] = e / e.sum(axis=axis, keepdims=True)
-    return p
-
-
-def log_softmax(
-    logits: ArrayLike, axis: int = -1, temperature: float = 1.0
-) -> NDArray[np.floating[Any]]:
-    """Numerically stable ``log(softmax(logits / temperature))`` along ``axis``."""
-    z = _scaled_logits(logits, axis, temperature)
-    logp: NDArray[np.floating[Any]] = z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
-    return logp
-
-
-def sample_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
-    """``softmax(logits_s / temperature)`` per posterior sample, in float64: [S, N, C] from
-    logits [S, N, C] (or [N, C]: one sample)."""
-    x = _as_float_array(logits, "logits")
-    if x.ndim == 2:
-        x = x[np.newaxis]
-    elif x.ndim != 3:
-        raise InputError(
-            f"logits must have shape [S, N, C] (or [N, C] for a single sample), got shape {x.shape}"
-        )
-    return softmax(x, axis=-1, temperature=temperature).astype(np.float64, copy=False)  # x: f64
-
-
-def predictive_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
-    """``mean_s softmax(logits_s / T)``: the Bayesian model average at temperature T, [N, C].
-
-    What the manifest's test metrics, the exporter's thresholds and the report are computed
-    on; the runtime's ``predict`` computes the same average (inlined on its hot path).
-    """
-    mean: NDArray[np.float64] = sample_probs(logits, temperature).mean(axis=0)
-    return mean
 
 
 # --------------------------------------------------------------------------- selective prediction
