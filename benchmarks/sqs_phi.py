@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from timing import median_ms  # noqa: E402
 from trainer.config import SQSConfig  # noqa: E402
-from trainer.quantize.sqs import SQSTensor  # noqa: E402
+from trainer.quantize.sqs_posterior import SQSTensor  # noqa: E402
 
 
 def expression(t: SQSTensor, theta: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,8 @@ from trainer import checkpoint as ckpt_io
 from trainer.config import SQSConfig, load_config
 from trainer.layers import BayesNestedLayer, BayesNestedLinear
 from trainer.quantize import sqs as sqs_mod
-from trainer.quantize.sqs import (SQSTensor, compression_rate, kmeans_1d, make_windows,
-                                  prune_mask, sample_weights, sqs_)
+from trainer.quantize.sqs import compression_rate, prune_mask, sample_weights, sqs_
+from trainer.quantize.sqs_posterior import SQSTensor, kmeans_1d, make_windows
 
 torch.set_num_threads(1)
 
