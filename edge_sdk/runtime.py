@@ -11,7 +11,6 @@ input, executes the plan's stages on per-thread interpreters and measures what t
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -22,55 +21,30 @@ import numpy.typing as npt
 
 from edge_sdk.answer_graph import RawInput
 from edge_sdk.backends import check_bundle, interpreter_class
-from edge_sdk.budget import MAX_MEMORY_MB, Budget, MemoryProbe, bounded_number, check_budget
+from edge_sdk.budget import Budget, MemoryProbe, check_budget
 from edge_sdk.bundle import Configuration, InputSpec, Manifest, read_manifest
 from edge_sdk.validation import show
 from edge_sdk.bundle.materialized import SliceSource, open_slices
-from edge_sdk.errors import BudgetError, ConfigError, ProfileError
+from edge_sdk.errors import BudgetError, ConfigError
 from edge_sdk.explain import ExplainRow, Explanation
 from edge_sdk.input_stats import SuspectCheck
 from edge_sdk.inputs import InputChecker
 from edge_sdk.policy import MODES, Policy, Stage
-from edge_sdk.bundle import width_key
 from edge_sdk.bundle.slices import read_verified
 from edge_sdk.conformal import METHODS as CONFORMAL_METHODS
-from edge_sdk.errors import BundleError
-from edge_sdk.answer_maths import answer_top, eager_fields, lean_top, probabilities
-from edge_sdk.prediction import BatchPrediction, Prediction, answer, draft, finish, lean_answer
+from edge_sdk.prediction import BatchPrediction, Prediction, draft, finish
 from edge_sdk.uncertainty import Uncertainty, check_alpha
-from edge_sdk.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
 from edge_sdk.recorder import TraceRecorder
 from edge_sdk.residency import PerThread, Residency
 from edge_sdk.runtime_exec import Executor
+from edge_sdk.startup import (check_load_args, latency_priors, sdk_overhead_ms,
+                              uncertainty_widths)
 
 if TYPE_CHECKING:
     from edge_sdk.signing import KeyLike
 
 __all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
 POLICIES = MODES
-MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
-
-
-def _check_args(profile: object, threads: object, policy: object, target_accuracy: object,
-                strict: object, memory_cap_mb: object) -> None:
-    """load()'s arguments, typed before the bundle is read."""
-    if profile is not None and not isinstance(profile, (str, os.PathLike)):
-        raise ProfileError(f"profile must be 'auto', a built-in profile name, a YAML path or "
-                           f"None, got {type(profile).__name__} {profile!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or not 1 <= threads <= MAX_THREADS):
-        raise ConfigError(f"threads must be an integer in [1, {MAX_THREADS}] or None (the "
-                          f"runtime's default), got {show(threads)}")
-    if not isinstance(policy, str) or policy not in MODES:
-        raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {policy!r}")
-    if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
-            or not 0 < target_accuracy <= 1:
-        raise ConfigError(f"target_accuracy must be a number in (0, 1], got "
-                          f"{show(target_accuracy)}")
-    if not isinstance(strict, bool):
-        raise ConfigError(f"strict must be True or False, got {strict!r}")
-    if memory_cap_mb is not None:  # bounded: 10**400 raised a raw OverflowError (issue 36)
-        bounded_number(memory_cap_mb, "memory_cap_mb", MAX_MEMORY_MB, "MB")
 
 
 class EdgeModel(Executor, Residency):
@@ -89,7 +63,7 @@ class EdgeModel(Executor, Residency):
                  trusted_keys: Iterable[KeyLike] | KeyLike | None = None, uncertainty: bool = True, alpha: float = 0.1,
                  conformal: str = "lac", abstain_on_ood: bool = True,
                  input_check: bool = True) -> None:
-        _check_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
+        check_load_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
         for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
                         ("input_check", input_check)):
             if not isinstance(v, bool):
@@ -119,7 +93,7 @@ class EdgeModel(Executor, Residency):
             entry = self.manifest.uncertainty
             self._unc = Uncertainty.from_bytes(read_verified(self.bundle_dir, entry),
                                                f"{self.bundle_dir}: {entry.name}")
-        self._unc_width = self._uncertainty_widths()
+        self._unc_width = uncertainty_widths(self)
         self._feat: dict[str, int] = {}  # config id -> its features output's tensor index
         self._qhats: dict[tuple[str, float], float | None] = {}
         key = f"{target_accuracy:g}"
@@ -138,7 +112,8 @@ class EdgeModel(Executor, Residency):
         check_bundle(self.bundle_dir, self.manifest, self.backend, checked, self._interp_cls,
                      stand_ins)
         del checked
-        self.profile, self.latency_source, priors = self._priors(profile)
+        self.profile, self.latency_source, priors = latency_priors(
+            self.bundle_dir, self.manifest.configurations, profile, threads)
         self._inputs = InputChecker(self.manifest.input)
         # (issue 34) every interpreter takes the raw sample and normalises it in its graph
         self._raw = RawInput(self._inputs.feed_dtype.name, self._inputs.scale_c,
@@ -163,7 +138,7 @@ class EdgeModel(Executor, Residency):
         self.policy = Policy(
             self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
             hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
-            overhead_ms=self._measure_overhead(), prior_source=self.latency_source,
+            overhead_ms=sdk_overhead_ms(self), prior_source=self.latency_source,
             memory_cap_mb=self.memory_cap_mb, mode=policy, target=key)
         if self.memory_cap_mb is not None:
             small = min(self.manifest.configurations, key=self.policy.memory_need_mb)
@@ -180,93 +155,6 @@ class EdgeModel(Executor, Residency):
         self._batchable: dict[str, bool] = {}
         self._pinned_plans: dict[str, tuple[Stage]] = {}  # config_id -> its one-stage plan
         self._recorder: TraceRecorder | None = None
-
-    def _priors(self, profile: str | os.PathLike[str] | None
-                ) -> tuple[DeviceProfile | None, str, dict[str, float]]:
-        """Interpreter latency believed per configuration before this process has measured it.
-
-        "auto": the measured profile ``edge-sdk profile`` cached for this bundle on this host,
-        else the manifest's latencies (measured on the exporting host). A name or path: that
-        profile's own latency table when it was measured on this very bundle, else its
-        MACs-based estimate (the manifest's host figures describe another machine). None: the
-        manifest only."""
-        if profile is None:
-            return None, "manifest", {}
-        configs = self.manifest.configurations
-        sha = manifest_sha256(self.bundle_dir)
-        if isinstance(profile, str) and profile == "auto":
-            prof = find_cached(self.bundle_dir, sha)
-            if prof is None:
-                return None, "manifest", {}
-        else:
-            prof = load_profile(profile)
-        if prof.bundle_sha256 == sha:
-            got = {c.id: prof.measured_latency_ms(c.id, self.threads) for c in configs}
-            measured = {k: v for k, v in got.items() if v is not None}
-            if len(measured) == len(got):  # every configuration measured
-                return prof, f"measured profile {prof.name}", measured
-        return prof, f"profile {prof.name} (MACs estimate)", {
-            c.id: prof.estimate_ms(c.macs, c.invokes, self.threads, c.weights) for c in configs}
-
-    def _measure_overhead(self, repeats: int = 15) -> dict[str, float]:
-        """The SDK's own time per call outside the interpreter (input checks, normalisation,
-        the answer's maths), measured here on this host, so an unmeasured configuration's
-        end-to-end prior is its invoke prior plus this. Keyed by the answer's shape."""
-        lo, hi = self.manifest.input.value_range
-        x = np.full(self._inputs.want, (lo + hi) / 2,
-                    np.uint8 if self.manifest.input.dtype == "uint8" else np.float32)
-        by_shape: dict[tuple[int, int, bool], float] = {}
-        out = {}
-        for c in self.manifest.configurations:
-            rows = 1 if c.scope == "point" else c.samples
-            graph = c.files[0].name in self._answerable  # edge_sdk.answer_graph
-            shape = (rows, c.invokes, graph)
-            if shape not in by_shape:
-                logits = np.zeros((rows, self._classes), np.float32)
-                p = np.full((1, self._classes), 1 / self._classes, np.float32)
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    self._inputs.feed(x)
-                    if self._suspect is not None:
-                        self._suspect.one(x)
-                    top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
-                           else lean_top(c, logits))
-                    if self._unc is None and top is not None:  # _execute_one's lean answer
-                        lp, lab, conf, lz = top
-                        lean_answer(c, self._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
-                                    lp)
-                    else:
-                        pr, h, mi, lab, conf = probabilities(c, logits) if top is None \
-                            else eager_fields(top)
-                        # the score and the set: their own cost
-                        self._uncertain(c, pr, [], c.id, None, probe=True)
-                        answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
-                    times.append(time.perf_counter() - t0)
-                by_shape[shape] = statistics.median(times) * 1e3
-            out[c.id] = by_shape[shape]
-        return out
-
-    def _uncertainty_widths(self) -> dict[str, str]:
-        """config id -> width key of its OOD statistics: the point and head configurations
-        (the head scope runs the point backbone); BundleError when the file lacks a width or a
-        configuration the manifest has."""
-        entry = self.manifest.uncertainty
-        if self._unc is None or entry is None:  # (the statistics come from that entry)
-            return {}
-        out = {}
-        where = f"{self.bundle_dir}: {entry.name}"
-        for c in self.manifest.configurations:
-            if c.id not in self._unc.quantiles:
-                raise BundleError(f"{where}: no conformal quantiles for configuration "
-                                  f"{c.id!r} (the file belongs to another export)")
-            if c.scope in ("point", "head"):
-                wk = width_key(c.width)
-                if wk not in self._unc.widths:
-                    raise BundleError(f"{where}: no OOD statistics for width {wk} "
-                                      f"(configuration {c.id!r})")
-                out[c.id] = wk
-        return out
 
     # ---- public ----------------------------------------------------------------------------
     @property
