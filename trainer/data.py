@@ -1,6 +1,6 @@
 """Data sources by name -> in-memory, normalised, stratified train/val/test splits.
 
-Sources (``data.source``):
+Sources (``data.source``; read into raw arrays by :mod:`trainer.sources`):
 
 ``digits``               scikit-learn's bundled 8x8 digits (offline), raw float32 in [0, 16]
 ``npz:<path>``           arrays x_train, y_train, x_test, y_test (+ optional ``classes``), uint8 or

@@ -1,7 +1,7 @@
-"""Sparse Quantized Sub-distributions (trainer/quantize/sqs.py): exact pruning, outlier-aware
-windows, k-means / App. C initialisation, codebook-only samples, the compression rate, gradient
-flow through the parametrization, log-space responsibilities, truncation, the checkpoint and the
-CLI.
+"""Sparse Quantized Sub-distributions (trainer/quantize/sqs.py, and sqs_posterior.py for one
+tensor's posterior): exact pruning, outlier-aware windows, k-means / App. C initialisation,
+codebook-only samples, the compression rate, gradient flow through the parametrization,
+log-space responsibilities, truncation, the checkpoint and the CLI.
 
 Expectations are computed by hand (dyadic numbers, so means and stds below are exact) or by an
 independent reference in the test (numpy quantiles, a sorted-list top-k); nothing is copied from
