@@ -37,12 +37,9 @@ import numpy as np
 from edge_sdk.budget import Budget, MemoryProbe, check_budget  # noqa: F401 - public here too
 from edge_sdk.bundle import Configuration
 from edge_sdk.errors import BudgetError, BudgetNotMetError, ConfigError
+from edge_sdk.estimates import Estimates
 from edge_sdk.validation import show
 
-# Used only when the manifest has no measured latency: a deliberately slow 1 GMAC/s CPU plus a
-# fixed per-invoke overhead, so an unmeasured configuration is never optimistically preferred.
-FALLBACK_GMACS = 1.0
-FALLBACK_OVERHEAD_MS = 0.05
 MODES = ("best", "cascade")
 
 
@@ -79,8 +76,9 @@ def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
     return int(v) if integer and isinstance(v, numbers.Integral) else float(v)
 
 
-class Policy:
-    """Selects configurations, plans the stages of a call and learns latency on this device.
+class Policy(Estimates):
+    """Selects configurations, plans the stages of a call and learns latency on this device
+    (what it believes a configuration costs: :class:`edge_sdk.estimates.Estimates`).
 
     ``overhead_ms``: the SDK's own time per call (outside the interpreter) by configuration id,
     measured at load; ``prior_source`` names where ``priors`` came from (explain()).
@@ -154,114 +152,6 @@ class Policy:
     def ranked(self) -> list[Configuration]:
         """The configurations in the rule's order of preference (quality rank 1 first)."""
         return list(self._ranked)
-
-    # ---- predictions about a configuration ------------------------------------------------
-    def prior_latency_ms(self, c: Configuration) -> float:
-        """The interpreter time believed before this device has measured ``c``."""
-        return self._prior(c)[0]
-
-    def _prior(self, c: Configuration) -> tuple[float, str]:
-        if c.id in self._priors:
-            return self._priors[c.id], self.prior_source
-        if c.latency_ms is not None:
-            return c.latency_ms, "manifest"
-        return c.invokes * (c.macs / (FALLBACK_GMACS * 1e6) + FALLBACK_OVERHEAD_MS), \
-            "MACs fallback"
-
-    def overhead_ms(self, c: Configuration) -> float:
-        """The SDK's time outside the interpreter for a call answered by ``c`` (load-time)."""
-        return self._overhead.get(c.id, 0.0)
-
-    def _end_to_end_prior(self, c: Configuration, n: int = 1) -> float:
-        one = self._prior_e2e.get(c.id)
-        if one is None:
-            one = self.prior_latency_ms(c) + self.overhead_ms(c)
-        if n == 1:
-            return one
-        m = self._measured.get(c.id)  # a batch never costs more than n single calls
-        return n * (one if m is None else self._blend(one, m[0], self._stale(m, self._clock())))
-
-    def _predicted(self, c: Configuration, now: float, n: int = 1) -> float:
-        m = self._measured.get(c.id if n == 1 else (c.id, n))
-        prior = self._end_to_end_prior(c, n)
-        if m is None:
-            return prior
-        return self._blend(prior, m[0], self._stale(m, now))
-
-    @staticmethod
-    def _blend(prior: float, measured: float, stale: float) -> float:
-        if stale < 1e-3:
-            return measured
-        return (1 - stale) * measured + stale * prior
-
-    def predicted_latency_ms(self, c: Configuration, n: int = 1) -> float:
-        """End-to-end latency of a call of ``n`` samples answered by ``c`` alone."""
-        return self._predicted(c, self._clock(), n)
-
-    def latency_source(self, c: Configuration) -> str:
-        """Where :meth:`predicted_latency_ms` comes from (explain())."""
-        m = self._measured.get(c.id)
-        prior = f"{self._prior(c)[1]} + SDK overhead"
-        if m is None:
-            return prior
-        stale = self._stale(m, self._clock())
-        return "measured EWMA" if stale < 1e-3 else \
-            f"measured EWMA aged {stale:.0%} toward {prior}"
-
-    def _stale(self, m: tuple[float, float, int], now: float) -> float:
-        """Weight of the prior: 0 for a fresh measurement, -> 1 as it ages."""
-        age = max((now - m[1]) / self.half_life_s, (self._calls - m[2]) / self.half_life_calls)
-        w: float = 0.5 ** age
-        return 1.0 - w
-
-    @staticmethod
-    def memory_need_mb(c: Configuration) -> float:
-        if c.memory_mb is not None:
-            return c.memory_mb
-        return sum(f.bytes for f in c.files) * 4 / 2 ** 20  # DEQUANTIZE keeps an fp32 copy
-
-    def _need_mb(self, c: Configuration) -> float:
-        """:meth:`memory_need_mb`, computed once per configuration (decide() runs every call,
-        over every candidate: 68 for 4 widths x S = 1 .. 8)."""
-        need = self._need.get(c.id)
-        return self.memory_need_mb(c) if need is None else need
-
-    def observe(self, config_id: str, latency_ms: float, n: int = 1) -> None:
-        """Fold a measured end-to-end latency (of ``n`` samples) into the configuration's EWMA.
-        The older the previous estimate, the more the new measurement counts."""
-        now = self._clock()
-        key = config_id if n == 1 else (config_id, n)
-        measured, calls = self._measured, self._calls
-        old = measured.get(key)
-        if old is None:
-            new = latency_ms
-        else:
-            # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
-            age = max((now - old[1]) / self.half_life_s,
-                      (calls - old[2]) / self.half_life_calls)
-            stale = 1.0 - 0.5 ** age
-            ewma, pred = self.ewma, old[0]
-            if stale >= 1e-3 and config_id in self._by_id:
-                prior = self._prior_e2e.get(config_id) if n == 1 else None
-                if prior is None:
-                    prior = self._end_to_end_prior(self._by_id[config_id], n)
-                pred = (1 - stale) * pred + stale * prior
-            if stale <= ewma:
-                # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
-                # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
-                # push a configuration out of its budget, while a sustained 2x slowdown is
-                # still followed at the full EWMA rate
-                cap = self.outlier * pred
-                if latency_ms > cap:
-                    latency_ms = cap
-                a = ewma
-            else:
-                a = stale
-            new = (1 - a) * pred + a * latency_ms
-        measured[key] = (new, now, calls)
-        if n == 1 and new < self._floor.get(config_id, new):
-            self._floor[config_id] = new  # (a floor left lower than it could be is still one)
-            self._candidates = None
 
     # ---- the rule --------------------------------------------------------------------------
     def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:

@@ -19,7 +19,7 @@ from edge_sdk import profiles as P
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.commands import profile_main
 from edge_sdk.errors import ProfileError
-from edge_sdk.policy import FALLBACK_GMACS, FALLBACK_OVERHEAD_MS
+from edge_sdk.estimates import FALLBACK_GMACS, FALLBACK_OVERHEAD_MS
 
 REQUIRED_BUILTINS = ("raspberry_pi_4", "raspberry_pi_5", "jetson_orin_nano_cpu", "pixel_phone",
                      "x86_64_laptop")
