@@ -3,10 +3,11 @@
 The exporter writes bundles through :func:`write_bundle`; the runtime reads them with
 :func:`read_manifest`. This package owns the schema, so both sides agree on it by construction.
 Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
-device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec), :mod:`.manifest`
-(Configuration, Manifest), :mod:`.reading` (parse, resolve, verify), :mod:`.slices` (the verified
-bytes interpreters are built from), :mod:`.writing` (atomic write) and :mod:`.recovery` (one
-export at a time, and what a killed one left). Import every name from
+device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec),
+:mod:`.configuration` (Configuration), :mod:`.compact` (the store form's compact manifest),
+:mod:`.manifest` (Manifest), :mod:`.reading` (parse, resolve, verify), :mod:`.slices` (the
+verified bytes interpreters are built from), :mod:`.writing` (atomic write) and
+:mod:`.recovery` (one export at a time, and what a killed one left). Import every name from
 here: ``from edge_sdk.bundle import Manifest``.
 
 Schema version 4 (``manifest.yaml``; version 3 is the same without the compact store form
@@ -79,7 +80,8 @@ packages here).
 """
 from __future__ import annotations
 
-from edge_sdk.bundle.manifest import Configuration, Manifest
+from edge_sdk.bundle.configuration import Configuration
+from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import (
     PathLike,
     manifest_to_yaml,

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from edge_sdk.bundle.manifest import Configuration, Manifest
+from edge_sdk.bundle.configuration import Configuration
+from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
 from edge_sdk.bundle.records import Recipe, StoreEntry
 from edge_sdk.bundle.slices import _read_once, check_slice, read_slices, verify_bytes

@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 
 from edge_sdk.backends.tflite_model import IOTensor, read_io
-from edge_sdk.bundle.manifest import Configuration, Manifest
+from edge_sdk.bundle.configuration import Configuration
+from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
 from edge_sdk.bundle.records import FileEntry, InputSpec
 from edge_sdk.errors import BundleError, ChecksumMismatchError

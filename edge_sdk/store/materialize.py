@@ -77,7 +77,8 @@ from edge_sdk.store.quant import QuantizedTensor, along, quantize_per_channel
 from edge_sdk.tflite_writer import write_tflite
 
 if TYPE_CHECKING:  # edge_sdk.bundle imports this module lazily (store bundles)
-    from edge_sdk.bundle.manifest import Configuration, Manifest
+    from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.bundle.manifest import Manifest
 
 __all__ = ["READABLE_STORE_INDEX_VERSIONS", "STORE_INDEX_VERSION", "LayerRecord", "decode_point", "head_graph", "materialize",
            "materialize_file", "materialize_graph", "sample_seed", "sample_weights",

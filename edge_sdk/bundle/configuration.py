@@ -1,0 +1,222 @@
+"""One configuration of a bundle (split out of manifest.py): :class:`Configuration`, a runnable
+(width, scope, samples) with what was measured about it, and the checks of its fields (the
+confidence thresholds, the cascade plans, the test metrics, the store recipes of its files).
+
+stdlib only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_sdk.bundle.records import (
+    SCOPES,
+    WEIGHT_ROUTES,
+    FileEntry,
+    OutputSpec,
+    Recipe,
+    _Record,
+    _record,
+)
+from edge_sdk.validation import (
+    bool_value,
+    choice,
+    f32_value,
+    fail,
+    float_value,
+    int_value,
+    join,
+    key_path,
+    list_value,
+    mapping,
+    optional_float,
+    show,
+    str_value,
+)
+
+
+def _thresholds(value: object, path: str) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key, conf in mapping(value, path).items():
+        p = key_path(path, key)
+        target = None
+        if isinstance(key, str):
+            try:
+                target = float(key)
+            except ValueError:
+                pass
+        if target is None or not 0.0 < target <= 1.0:
+            fail(
+                p,
+                "keys must be target accuracies in (0, 1] written as strings like '0.95', "
+                f"got {type(key).__name__} {show(key)}",
+            )
+        out[str(key)] = optional_float(conf, p, ge=0.0, le=1.0)
+    return out
+
+
+def _cascade(value: object, path: str) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for target, entry in mapping(value, path).items():
+        tp = key_path(path, target)
+        str_value(target, tp)
+        e = mapping(entry, tp)
+        want = {"threshold", "coverage", "max_loss"}
+        if set(e) != want:
+            fail(tp, f"expected keys {', '.join(sorted(want))}, got {', '.join(map(str, e))}")
+        out[str(target)] = {
+            "threshold": optional_float(e["threshold"], join(tp, "threshold"), ge=0.0, le=1.0),
+            "coverage": float_value(e["coverage"], join(tp, "coverage"), ge=0.0, le=1.0),
+            "max_loss": float_value(e["max_loss"], join(tp, "max_loss"), ge=0.0, le=1.0)}
+    return out
+
+
+def _test_metrics(value: object, path: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for group, metrics in mapping(value, path).items():
+        gp = key_path(path, group)
+        str_value(group, gp)
+        inner: dict[str, float] = {}
+        for name, number in mapping(metrics, gp).items():
+            mp = key_path(gp, name)
+            str_value(name, mp)
+            inner[str(name)] = float_value(number, mp)
+        out[str(group)] = inner
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Configuration(_Record):
+    """One runnable (width, scope, samples) configuration and what was measured about it."""
+
+    id: str
+    width: float
+    scope: str
+    samples: int
+    # parsed: FileEntry records (a layout-store manifest writes their names, in to_dict only)
+    files: tuple[FileEntry, ...]
+    invokes: int
+    output: OutputSpec
+    temperature: float
+    temperature_folded: bool
+    weights: str
+    macs: int
+    params: int
+    unique_values: int | None = None
+    # entropy in bits over the exact weight values of the slice (before folding); None when not
+    # quantized
+    weight_entropy_bits: float | None = None
+    thresholds: dict[str, float | None]
+    # wider configuration id -> {threshold, coverage, max_loss}: see the module docstring
+    cascade: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    val_nll: float
+    test: dict[str, dict[str, float]]
+    latency_ms: float | None = None
+    memory_mb: float | None = None
+    # schema version 3, layout store: how each file is materialised from the weight store, one
+    # recipe per file in file order (docs/store.md §5); None in a files-layout bundle
+    materialize: tuple[Recipe, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in schema key order; ``materialize`` only when set (store layout)."""
+        out = super().to_dict()
+        if self.materialize is None:
+            del out["materialize"]
+        return out
+
+    @classmethod
+    def _parse(cls, v: dict[str, Any], path: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out["id"] = str_value(v["id"], join(path, "id"))
+        out["width"] = float_value(v["width"], join(path, "width"), gt=0.0, le=1.0)
+        scope = out["scope"] = choice(v["scope"], join(path, "scope"), SCOPES)
+        samples = out["samples"] = int_value(v["samples"], join(path, "samples"), minimum=1)
+        if scope == "point" and samples != 1:
+            fail(join(path, "samples"), f"expected 1 for scope 'point', got {samples}")
+
+        p = join(path, "files")
+        files = tuple(
+            _record(FileEntry, item, f"{p}[{i}]") for i, item in enumerate(list_value(v["files"], p))
+        )
+        want = samples if scope == "all" else 1
+        if len(files) != want:
+            why = f"one per sample (samples={samples})" if scope == "all" else "exactly one"
+            fail(p, f"expected {want} file(s) for scope {scope!r} ({why}), got {len(files)}")
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(files):
+            if entry.name in seen:
+                fail(f"{p}[{i}].name", f"duplicate file {entry.name!r} (also {p}[{seen[entry.name]}])")
+            seen[entry.name] = i
+        out["files"] = files
+
+        invokes = out["invokes"] = int_value(v["invokes"], join(path, "invokes"), minimum=1)
+        if invokes != want:
+            fail(
+                join(path, "invokes"),
+                f"expected {want} for scope {scope!r} with samples={samples}, got {invokes}",
+            )
+        output = out["output"] = _record(OutputSpec, v["output"], join(path, "output"))
+        rows = samples if scope == "head" else 1
+        if output.shape[0] != rows:
+            shape = "[S, C] with S = samples" if scope == "head" else "[1, C]"
+            fail(
+                join(join(path, "output"), "shape"),
+                f"expected {shape} for scope {scope!r} (samples={samples}), "
+                f"got {list(output.shape)}",
+            )
+        # logits / temperature in float32 (5e-324 made NaN probabilities: issue 36)
+        out["temperature"] = f32_value(v["temperature"], join(path, "temperature"),
+                                       positive=True)
+        out["temperature_folded"] = bool_value(v["temperature_folded"], join(path, "temperature_folded"))
+        out["weights"] = choice(v["weights"], join(path, "weights"), WEIGHT_ROUTES)
+        out["macs"] = int_value(v["macs"], join(path, "macs"), minimum=0)
+        out["params"] = int_value(v["params"], join(path, "params"), minimum=0)
+        uv = v["unique_values"]
+        out["unique_values"] = (
+            None if uv is None else int_value(uv, join(path, "unique_values"), minimum=0)
+        )
+        out["weight_entropy_bits"] = optional_float(
+            v["weight_entropy_bits"], join(path, "weight_entropy_bits"), ge=0.0)
+        out["thresholds"] = _thresholds(v["thresholds"], join(path, "thresholds"))
+        out["cascade"] = _cascade(v["cascade"], join(path, "cascade"))
+        out["val_nll"] = float_value(v["val_nll"], join(path, "val_nll"), ge=0.0)
+        out["test"] = _test_metrics(v["test"], join(path, "test"))
+        out["latency_ms"] = optional_float(v["latency_ms"], join(path, "latency_ms"), ge=0.0)
+        out["memory_mb"] = optional_float(v["memory_mb"], join(path, "memory_mb"), ge=0.0)
+        out["materialize"] = _recipes(v["materialize"], join(path, "materialize"), scope,
+                                      samples, len(files))
+        return out
+
+
+def _recipes(value: object, path: str, scope: str, samples: int, count: int
+             ) -> tuple[Recipe, ...] | None:
+    """One recipe per file, each fitting the scope: point = the point network (sample null,
+    heads 0), head = S stacked heads (heads = samples), all = one distinct sample per file."""
+    if value is None:
+        return None
+    items = list_value(value, path)
+    if len(items) != count:
+        fail(path, f"expected one recipe per file ({count}), got {len(items)}")
+    recipes = tuple(_record(Recipe, item, f"{path}[{i}]") for i, item in enumerate(items))
+    for i, r in enumerate(recipes):
+        p = f"{path}[{i}]"
+        if scope == "head" and r.heads != samples:
+            fail(join(p, "heads"), f"expected {samples} (scope 'head', samples={samples}), got "
+                                   f"{r.heads}")
+        if scope != "head" and r.heads:
+            fail(join(p, "heads"), f"expected 0 for scope {scope!r}, got {r.heads}")
+        if scope == "point" and r.sample is not None:
+            fail(join(p, "sample"), f"expected null (the point network) for scope 'point', got "
+                                    f"{r.sample}")
+        if scope == "all" and r.sample is None:
+            fail(join(p, "sample"), "expected a sample index for scope 'all', got null")
+    if scope == "all":
+        seen: dict[int, int] = {}
+        for i, r in enumerate(recipes):
+            if r.sample is None:  # (refused above)
+                continue
+            if r.sample in seen:
+                fail(f"{path}[{i}].sample", f"duplicate sample {r.sample} (also "
+                                            f"{path}[{seen[r.sample]}]): S distinct samples")
+            seen[r.sample] = i
+    return recipes
