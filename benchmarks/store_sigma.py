@@ -32,7 +32,7 @@ import torch
 
 from edge_sdk import metrics as M
 from edge_sdk.store import normal, stream_id
-from edge_sdk.store.materialize import decode_point, sigma_reference
+from edge_sdk.store.decode import decode_point, sigma_reference
 from exporters.sigma_code import absolute_code, code_sigma, encode_sigma, relative_code
 from exporters.slice import make_slice, posterior_kind
 from exporters.store import build_store

@@ -12,7 +12,7 @@ a 2- or 3-bit relative codebook moved the ensemble's mutual information by +6 ..
 layers keep the absolute coding. The reference is the *decoded* point weight (what the device
 has) floored at half the int8 step of its output channel, so a weight whose mean rounds to 0
 (or is an exact 0: PWFN, SQS) still has a positive reference
-(:func:`edge_sdk.store.materialize.sigma_reference`, the device's definition). An exact
+(:func:`edge_sdk.store.decode.sigma_reference`, the device's definition). An exact
 ``sigma = 0`` (PWFN's fixed singletons) is a codebook entry 0 in either coding. The relative
 codebook is Lloyd-Max (1-D k-means, quantile-initialised) on the log values.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.store.materialize import sigma_reference
+from edge_sdk.store.decode import sigma_reference
 
 __all__ = ["REL_MAX_BITS", "REL_TOL", "SigmaCode", "code_sigma", "encode_sigma",
            "lloyd_log", "relative_code"]

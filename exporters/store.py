@@ -7,7 +7,7 @@ and the learned channel order, so every width is a prefix (:meth:`NestedModel.tr
 says which rows and columns); per width only the fold ``(a, t)`` of every layer (keep
 probability x batch norm re-collected for that width, :func:`exporters.fold.fold_affine`) and
 the forward-folded input scales. Posterior samples are generated on the device
-(:func:`edge_sdk.store.materialize.sample_weights`); their batch norms are re-collected here on
+(:func:`edge_sdk.store.decode.sample_weights`); their batch norms are re-collected here on
 exactly those weights: the exporter decodes its own store and draws with the device's sampler.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from edge_sdk.bundle import width_key
 from edge_sdk.errors import ConfigError
 from edge_sdk.store import (SAMPLER, Store, bits_for, compress_store, decode_store, encode_store,
                             pack_bits)
-from edge_sdk.store.materialize import STORE_INDEX_VERSION, decode_point, sample_weights
+from edge_sdk.store.decode import decode_point, sample_weights
+from edge_sdk.store.materialize import STORE_INDEX_VERSION
 from edge_sdk.store.quant import quantize_per_channel
 from exporters.fold import fold_affine
 from exporters.sigma_code import REL_TOL, code_sigma, encode_sigma

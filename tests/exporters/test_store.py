@@ -21,8 +21,9 @@ import edge_sdk  # noqa: E402
 from edge_sdk.bundle import check_slice, read_manifest  # noqa: E402
 from edge_sdk.errors import BundleError, ConfigError  # noqa: E402
 from edge_sdk.store import NORMAL_BOUND, Store, decode_store, encode_store  # noqa: E402
-from edge_sdk.store.materialize import (decode_point, materialize, materialize_file,  # noqa: E402
-                                        materialize_graph, sample_weights)
+from edge_sdk.store.decode import decode_point, sample_weights  # noqa: E402
+from edge_sdk.store.materialize import (materialize, materialize_file,  # noqa: E402
+                                        materialize_graph)
 from exporters.export import ExportOptions, export_bundle  # noqa: E402
 from exporters.measure import run_tflite  # noqa: E402
 from exporters.slice import make_slice, posterior_kind  # noqa: E402

@@ -20,8 +20,9 @@ from edge_sdk.graph import Graph
 from edge_sdk.graph_build import GraphBuilder
 from edge_sdk.store import (NORMAL_BOUND, SAMPLER, Store, decode_store, encode_store, pack_bits,
                             pack_mask)
-from edge_sdk.store.materialize import (STORE_INDEX_VERSION, decode_point, materialize,
-                                        materialize_file, materialize_graph, sample_weights)
+from edge_sdk.store.decode import decode_point, sample_weights
+from edge_sdk.store.materialize import (STORE_INDEX_VERSION, materialize, materialize_file,
+                                        materialize_graph)
 
 S_MAX = 3
 OWN_FOLD = ("c1", "dw")  # layers whose samples have their own fold (sfold)
