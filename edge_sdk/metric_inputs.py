@@ -87,14 +87,20 @@ def _as_scores(scores: ArrayLike, name: str) -> NDArray[np.float64]:
     return s
 
 
-def _as_sample_probs(probs_s: ArrayLike) -> NDArray[np.float64]:
-    p = _as_float_array(probs_s, "probs_s")
-    if p.ndim == 2:
-        p = p[np.newaxis]
-    elif p.ndim != 3:
+def _as_samples(x: ArrayLike, name: str) -> NDArray[np.float64]:
+    """``[S, N, C]`` float64, or ``[N, C]`` as one sample."""
+    a = _as_float_array(x, name)
+    if a.ndim == 2:
+        a = a[np.newaxis]
+    elif a.ndim != 3:
         raise InputError(
-            f"probs_s must have shape [S, N, C] (or [N, C] for a single sample), "
-            f"got shape {p.shape}"
+            f"{name} must have shape [S, N, C] (or [N, C] for a single sample), "
+            f"got shape {a.shape}"
         )
+    return a
+
+
+def _as_sample_probs(probs_s: ArrayLike) -> NDArray[np.float64]:
+    p = _as_samples(probs_s, "probs_s")
     _check_distributions(p, "probs_s", "[S, N, C]")
     return p

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from edge_sdk.errors import InputError
-from edge_sdk.metric_inputs import _as_float_array, _as_sample_probs
+from edge_sdk.metric_inputs import _as_sample_probs, _as_samples
 
 __all__ = ["expected_entropy", "log_softmax", "mutual_information", "predictive_entropy",
            "predictive_probs", "sample_probs", "softmax"]
@@ -105,13 +105,7 @@ def log_softmax(
 def sample_probs(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
     """``softmax(logits_s / temperature)`` per posterior sample, in float64: [S, N, C] from
     logits [S, N, C] (or [N, C]: one sample)."""
-    x = _as_float_array(logits, "logits")
-    if x.ndim == 2:
-        x = x[np.newaxis]
-    elif x.ndim != 3:
-        raise InputError(
-            f"logits must have shape [S, N, C] (or [N, C] for a single sample), got shape {x.shape}"
-        )
+    x = _as_samples(logits, "logits")
     return softmax(x, axis=-1, temperature=temperature).astype(np.float64, copy=False)  # x: f64
 
 

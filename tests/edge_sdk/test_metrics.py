@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -280,3 +281,15 @@ def test_input_errors_name_the_argument(call: Callable[[], object], pattern: str
 def test_input_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         m.accuracy([0.5, 0.5], [0])
+
+
+@pytest.mark.parametrize("fn, name", [(m.sample_probs, "logits"),
+                                      (m.predictive_probs, "logits"),
+                                      (m.mutual_information, "probs_s"),
+                                      (m.predictive_entropy, "probs_s")])
+@pytest.mark.parametrize("shape", [(3,), (1, 2, 3, 4)])
+def test_sample_arrays_of_the_wrong_rank_are_refused_by_name(fn, name, shape):
+    with pytest.raises(InputError, match=re.escape(
+            f"{name} must have shape [S, N, C] (or [N, C] for a single sample), got shape "
+            f"{shape}")):
+        fn(np.full(shape, 0.25))
