@@ -98,7 +98,7 @@ def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
 
 
 def test_summary_md_is_generated_from_the_trace_it_sits_next_to(demo, records):
-    from demos.digits_budget import summary_markdown
+    from demos.summary import summary_markdown
 
     trace = json.loads(demo["trace"].read_text())
     assert demo["summary"] == demo["trace"].with_name("summary.md")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from demos.digits_budget import (CONFIG_HEADER, PHASE_HEADER, SUMMARY_BEGIN, SUMMARY_END,
-                                 command_line, demo_main, summary_markdown, write_summary)
+from demos.digits_budget import demo_main
+from demos.summary import (CONFIG_HEADER, PHASE_HEADER, SUMMARY_BEGIN, SUMMARY_END, command_line,
+                           summary_markdown, write_summary)
 from edge_sdk.errors import InputError
 
 README = Path(__file__).resolve().parents[2] / "README.md"

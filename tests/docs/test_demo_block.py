@@ -61,14 +61,14 @@ def _expected_ids(opts) -> list[str]:
 
 
 def _readme_block() -> str:
-    from demos.digits_budget import SUMMARY_BEGIN, SUMMARY_END
+    from demos.summary import SUMMARY_BEGIN, SUMMARY_END
 
     text = (ROOT / "README.md").read_text()
     return text[text.index(SUMMARY_BEGIN):text.index(SUMMARY_END)]
 
 
 def test_the_readme_demo_block_lists_what_the_demo_exports(tmp_path, monkeypatch):
-    from demos.digits_budget import CONFIG_HEADER
+    from demos.summary import CONFIG_HEADER
 
     block = _readme_block()
     table = block[block.index(CONFIG_HEADER) + len(CONFIG_HEADER):].split("\n\n")[0]
