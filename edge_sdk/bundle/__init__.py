@@ -3,11 +3,11 @@
 The exporter writes bundles through :func:`write_bundle`; the runtime reads them with
 :func:`read_manifest`. This package owns the schema, so both sides agree on it by construction.
 Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
-device profiles), :mod:`.records` (constants, FileEntry, InputSpec, OutputSpec),
-:mod:`.configuration` (Configuration), :mod:`.compact` (the store form's compact manifest),
-:mod:`.manifest` (Manifest), :mod:`.reading` (parse, resolve, verify), :mod:`.slices` (the
-verified bytes interpreters are built from), :mod:`.writing` (atomic write) and
-:mod:`.recovery` (one export at a time, and what a killed one left). Import every name from
+device profiles), :mod:`.records` (constants, FileEntry, OutputSpec), :mod:`.input_spec`
+(InputSpec), :mod:`.configuration` (Configuration), :mod:`.compact` (the store form's compact
+manifest), :mod:`.manifest` (Manifest), :mod:`.reading` (parse, resolve, verify),
+:mod:`.slices` (the verified bytes interpreters are built from), :mod:`.writing` (atomic write)
+and :mod:`.recovery` (one export at a time, and what a killed one left). Import every name from
 here: ``from edge_sdk.bundle import Manifest``.
 
 Schema version 4 (``manifest.yaml``; version 3 is the same without the compact store form
@@ -90,6 +90,7 @@ from edge_sdk.bundle.reading import (
     sha256_file,
     verify_files,
 )
+from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import (
     BUNDLE_LAYOUTS,
     FILE_SUFFIX,
@@ -103,7 +104,6 @@ from edge_sdk.bundle.records import (
     STORE_SUFFIX,
     WEIGHT_ROUTES,
     FileEntry,
-    InputSpec,
     OutputSpec,
     Recipe,
     Slice,

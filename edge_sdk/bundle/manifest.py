@@ -14,12 +14,12 @@ from edge_sdk.bundle.compact import (_CASCADE_MAX_LOSS, _COMPACT_DEFAULTS, _NAME
                                      _compact_graphs, _compact_test, _derived, _graphs,
                                      _named_configuration, _resolve_names, _slices)
 from edge_sdk.bundle.configuration import Configuration
+from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import (
     BUNDLE_LAYOUTS,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     FileEntry,
-    InputSpec,
     Recipe,
     Slice,
     StoreEntry,

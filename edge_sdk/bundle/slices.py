@@ -23,7 +23,8 @@ from edge_sdk.backends.tflite_model import IOTensor, read_io
 from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
-from edge_sdk.bundle.records import FileEntry, InputSpec
+from edge_sdk.bundle.input_spec import InputSpec
+from edge_sdk.bundle.records import FileEntry
 from edge_sdk.errors import BundleError, ChecksumMismatchError
 from edge_sdk.tflite_reader import read_graph
 
