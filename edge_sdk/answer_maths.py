@@ -74,9 +74,11 @@ def _point_lists(row: list[float], m: float, e: list[float], s: float, inv_t: fl
 
 def _point_fields(row: list[float], m: float, e: list[float], s: float, inv_t: float
                   ) -> dict[str, Any]:
-    """``probs`` (read-only) and ``entropy`` of :func:`point_top`'s row, when first read."""
+    """``probs`` (read-only) and ``entropy`` of :func:`point_top`'s row, when first read
+    (``mutual_info`` 0: one row has no epistemic part)."""
     probs, entropy = _point_lists(row, m, e, s, inv_t)
-    return {"probs": _readonly(np.array(probs, np.float64)), "entropy": entropy}
+    return {"probs": _readonly(np.array(probs, np.float64)), "entropy": entropy,
+            "mutual_info": 0.0}
 
 
 def lean_top(c: Configuration, logits: np.ndarray
@@ -172,23 +174,27 @@ def answer_top(c: Configuration, p: np.ndarray, logits: np.ndarray | None
     conf = p.item(label)
     if conf != conf:
         return None
-    if logits is None:
-        return None, label, conf, (_answer_point_fields, (p,))
-    probs = _readonly(p.reshape(-1).astype(np.float64))
-    return probs, label, conf, (_answer_rows_fields, (c, logits))
+    # a head's probs are made when read too (issue 34: three numpy calls, ~5-10 us right
+    # after a wide invoke); its logits are copied now, the next invoke overwrites them
+    return None, label, conf, (_answer_point_fields, (p,)) if logits is None else \
+        (_answer_rows_fields, (c, p, logits))
 
 
 def _answer_point_fields(p: np.ndarray) -> dict[str, Any]:
-    """``probs`` (read-only float64) and ``entropy`` -sum p log p of the graph's answer."""
+    """``probs`` (read-only float64) and ``entropy`` -sum p log p of the graph's answer
+    (``mutual_info`` 0: a point)."""
     probs = _readonly(p.reshape(-1).astype(np.float64))
-    return {"probs": probs, "entropy": _entropy(probs.tolist())}
+    return {"probs": probs, "entropy": _entropy(probs.tolist()), "mutual_info": 0.0}
 
 
-def _answer_rows_fields(c: Configuration, logits: np.ndarray) -> dict[str, Any]:
-    """``entropy`` and ``mutual_info`` of a head's rows, in float64 from its logits by
-    :func:`probabilities` (so rows that agree have exactly none)."""
+def _answer_rows_fields(c: Configuration, p: np.ndarray, logits: np.ndarray
+                        ) -> dict[str, Any]:
+    """``probs`` (the graph's answer, read-only float64), and ``entropy`` and ``mutual_info``
+    of a head's rows, in float64 from its logits by :func:`probabilities` (so rows that agree
+    have exactly none)."""
     _, entropy, mi, _, _ = probabilities(c, logits)
-    return {"entropy": entropy, "mutual_info": mi}
+    return {"probs": _readonly(p.reshape(-1).astype(np.float64)), "entropy": entropy,
+            "mutual_info": mi}
 
 
 def eager_fields(top: tuple[np.ndarray | None, int, float, Lazy]

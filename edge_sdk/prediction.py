@@ -67,8 +67,8 @@ class Prediction:
 
     if not TYPE_CHECKING:  # (mypy keeps flagging misspelt attributes)
         def __getattr__(self, name: str) -> Any:
-            # (issue 34) an answer made by lean_answer() computes ``probs`` and ``entropy``
-            # (point) or ``entropy`` and ``mutual_info`` (head) when first read: 1-3 us of a
+            # (issue 34) an answer made by lean_answer() computes ``probs``, ``entropy`` and
+            # ``mutual_info`` (those it was not given) when one is first read: 1-10 us of a
             # call that reads only label and confidence; every field is then a plain
             # attribute, as for any other prediction
             d = self.__dict__
@@ -110,8 +110,8 @@ def lean_answer(c: Configuration, labels: Sequence[str], label: int, confidence:
                 probs: np.ndarray | None = None) -> Prediction:
     """:func:`answer` of a one-sample call without uncertainty statistics, the fields
     ``lazy`` computes (``(function, arguments)``) made when first read
-    (``Prediction.__getattr__``): a point's probs and entropy, a head's entropy and mutual
-    information (its ``probs`` given)."""
+    (``Prediction.__getattr__``): a point's probs, entropy and mutual information (0), a
+    head's entropy and mutual information, and its probs unless given."""
     p = _new(Prediction)
     d = p.__dict__
     d.update(label=label, class_name=labels[label], _lazy=lazy, confidence=confidence,
@@ -119,9 +119,7 @@ def lean_answer(c: Configuration, labels: Sequence[str], label: int, confidence:
              config_id=c.id, latency_ms=latency_ms, budget_met=met, invoke_ms=invoke_ms,
              batch_size=1, ood_score=None, in_distribution=None, prediction_set=None,
              input_suspect=input_suspect)
-    if probs is None:
-        d["mutual_info"] = 0.0  # a point answer has no epistemic part
-    else:
+    if probs is not None:
         d["probs"] = probs
     return p
 

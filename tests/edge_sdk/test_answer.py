@@ -214,6 +214,8 @@ def test_a_lazy_prediction_behaves_as_any_prediction(bundle, scope):
                                          lean.manifest.input.shape[1:]).astype(np.float32)
     a, b = eager.predict(x, config_id=cfg.id), lean.predict(x, config_id=cfg.id)
     assert "_lazy" in vars(b) and "_lazy" not in vars(a)
+    # none of the three is made until read (a head's probs too: its graph computed them)
+    assert not {"probs", "entropy", "mutual_info"} & set(vars(b))
     fresh = lean.predict(x, config_id=cfg.id)
     for got in (pickle.loads(pickle.dumps(fresh)), copy.copy(fresh), copy.deepcopy(fresh)):
         assert np.array_equal(got.probs, a.probs)
