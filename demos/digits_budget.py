@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import sys
 import time
@@ -35,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from demos.summary import (_configurations, _host, _shown, command_line, phase_table,
-                           refusal_line, summary_markdown, write_summary)
+from demos.summary import phase_table, refusal_line, summary_markdown, write_summary
 
 QUICK = {  # CI: the same pipeline with every stage cut to seconds
     "train": ["train.epochs=3", "train.eval_every=100", "data.calib_samples=128"],
@@ -176,6 +177,55 @@ def replay(bundle: Path, xs: np.ndarray, ys: np.ndarray, calls: int, threads: in
         refusals.append({"phase": STRICT_PHASE, "budget_latency_ms": floor, "calls": calls,
                          "refused": refused, "answered": answered, "message": message})
     return records
+
+
+def command_line(out: Path, method: str, quick: bool, epochs: int | None, samples: int,
+                 calls: int) -> str:
+    """The ``edge-sdk demo`` command that runs ``run()`` with these arguments."""
+    parts = ["edge-sdk demo"]
+    if method != "pwfn":
+        parts.append(f"--method {method}")
+    if Path(out) != Path("runs/demo"):
+        parts.append(f"--out {out}")
+    if quick:
+        parts.append("--quick")
+    if epochs is not None:
+        parts.append(f"--epochs {epochs}")
+    if samples != 8:
+        parts.append(f"--samples {samples}")
+    if calls != 300:
+        parts.append(f"--calls {calls}")
+    return " ".join(parts)
+
+
+def _host() -> dict:
+    try:
+        load = round(os.getloadavg()[0], 1)
+    except (AttributeError, OSError):  # not on every platform
+        load = None
+    return {"cpus": os.cpu_count(), "system": f"{platform.system()} {platform.machine()}",
+            "python": platform.python_version(), "load_average": load}
+
+
+def _configurations(manifest) -> list[dict]:
+    """What stage 3 prints per configuration (exporters.export.summary), from the manifest."""
+    out = []
+    for c in manifest.configurations:
+        raw, cal = c.test["raw"], c.test["calibrated"]
+        out.append({"id": c.id, "acc": raw["accuracy"], "acc_T": cal["accuracy"],
+                    "ece": raw["ece"], "ece_T": cal["ece"], "T": c.temperature, "macs": c.macs,
+                    "kib": sum(f.bytes for f in c.files) / 1024, "latency_ms": c.latency_ms,
+                    "memory_mb": c.memory_mb})
+    return out
+
+
+def _shown(path) -> str:
+    """``path`` relative to the working directory when it lies below it (as the README shows)."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
 
 
 def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None = None,

@@ -8,8 +8,6 @@ TRACE`` prints it again). The README's block between :data:`SUMMARY_BEGIN` and
 from __future__ import annotations
 
 import json
-import os
-import platform
 from collections import Counter
 from pathlib import Path
 
@@ -78,55 +76,6 @@ CONFIG_HEADER = ("| configuration | acc | acc T | ece | ece T | T | MACs | KiB |
 PHASE_HEADER = ("| phase | latency budget | memory budget | answered by | mean ms | invoke ms "
                 "| SDK ms | accuracy | confidence | budget met | abstained |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|")
-
-
-def command_line(out: Path, method: str, quick: bool, epochs: int | None, samples: int,
-                 calls: int) -> str:
-    """The ``edge-sdk demo`` command that runs ``run()`` with these arguments."""
-    parts = ["edge-sdk demo"]
-    if method != "pwfn":
-        parts.append(f"--method {method}")
-    if Path(out) != Path("runs/demo"):
-        parts.append(f"--out {out}")
-    if quick:
-        parts.append("--quick")
-    if epochs is not None:
-        parts.append(f"--epochs {epochs}")
-    if samples != 8:
-        parts.append(f"--samples {samples}")
-    if calls != 300:
-        parts.append(f"--calls {calls}")
-    return " ".join(parts)
-
-
-def _host() -> dict:
-    try:
-        load = round(os.getloadavg()[0], 1)
-    except (AttributeError, OSError):  # not on every platform
-        load = None
-    return {"cpus": os.cpu_count(), "system": f"{platform.system()} {platform.machine()}",
-            "python": platform.python_version(), "load_average": load}
-
-
-def _configurations(manifest) -> list[dict]:
-    """What stage 3 prints per configuration (exporters.export.summary), from the manifest."""
-    out = []
-    for c in manifest.configurations:
-        raw, cal = c.test["raw"], c.test["calibrated"]
-        out.append({"id": c.id, "acc": raw["accuracy"], "acc_T": cal["accuracy"],
-                    "ece": raw["ece"], "ece_T": cal["ece"], "T": c.temperature, "macs": c.macs,
-                    "kib": sum(f.bytes for f in c.files) / 1024, "latency_ms": c.latency_ms,
-                    "memory_mb": c.memory_mb})
-    return out
-
-
-def _shown(path) -> str:
-    """``path`` relative to the working directory when it lies below it (as the README shows)."""
-    p = Path(path).resolve()
-    try:
-        return str(p.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
 
 
 def _num(v, spec: str, unit: str = "") -> str:

@@ -174,10 +174,11 @@ def answer_top(c: Configuration, p: np.ndarray, logits: np.ndarray | None
     conf = p.item(label)
     if conf != conf:
         return None
+    if logits is None:
+        return None, label, conf, (_answer_point_fields, (p,))
     # a head's probs are made when read too (issue 34: three numpy calls, ~5-10 us right
     # after a wide invoke); its logits are copied now, the next invoke overwrites them
-    return None, label, conf, (_answer_point_fields, (p,)) if logits is None else \
-        (_answer_rows_fields, (c, p, logits))
+    return None, label, conf, (_answer_rows_fields, (c, p, logits))
 
 
 def _answer_point_fields(p: np.ndarray) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from demos.digits_budget import demo_main
-from demos.summary import (CONFIG_HEADER, PHASE_HEADER, SUMMARY_BEGIN, SUMMARY_END, command_line,
+from demos.digits_budget import command_line, demo_main
+from demos.summary import (CONFIG_HEADER, PHASE_HEADER, SUMMARY_BEGIN, SUMMARY_END,
                            summary_markdown, write_summary)
 from edge_sdk.errors import InputError
 
