@@ -1,5 +1,6 @@
-"""Probabilistic Weight Fixing (trainer/quantize/pwfn.py): centres, sigma init, one clustering
-round (Algorithm 1), the whole-network verb, its checkpoint and the CLI.
+"""Probabilistic Weight Fixing (trainer/quantize/pwfn.py, and pwfn_cluster.py for the
+clustering): centres, sigma init, one clustering round (Algorithm 1), the whole-network verb,
+its checkpoint and the CLI.
 
 Expectations are computed by hand (dyadic numbers, so every distance below is exact) or by an
 independent re-implementation in the test; nothing is copied from a run. One short digits
@@ -25,8 +26,9 @@ from trainer import checkpoint as ckpt_io
 from trainer.config import PWFNConfig, load_config
 from trainer.layers import BayesNestedLayer, BayesNestedLinear
 from trainer.quantize import pwfn
-from trainer.quantize.pwfn import (_group_std, candidate_centres, cluster_round, fix_weights_,
-                                   nearest, pow2_sigma, weight_entropy_bits)
+from trainer.quantize.pwfn import fix_weights_, weight_entropy_bits
+from trainer.quantize.pwfn_cluster import (_group_std, candidate_centres, cluster_round, nearest,
+                                           pow2_sigma)
 
 torch.set_num_threads(1)
 
