@@ -39,7 +39,8 @@ import torch
 
 from edge_sdk.bundle import read_manifest
 from edge_sdk.bundle.materialized import open_slices
-from exporters.export import ExportOptions, bundle_bytes, export_bundle, sample_counts
+from exporters.export import ExportOptions, bundle_bytes, export_bundle
+from exporters.layouts import sample_counts
 from exporters.measure import run_tflite
 from exporters.slice import make_slice, posterior_kind
 from exporters.tflite import export_point_slice

@@ -7,7 +7,7 @@ cascade plans. :func:`store_width` adds one width of a ``layout: store`` bundle:
 materialised from the store (:func:`edge_sdk.store.materialize`, the function the device runs),
 so each virtual file's sha256 is the hash of the bytes measured here, and S (posterior samples)
 a run-time choice: one head and one all configuration per S in ``counts`` (by default
-1, 2, 4, ... and S_max: ``exporters.export.sample_counts``).
+1, 2, 4, ... and S_max: ``exporters.layouts.sample_counts``).
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ class Configurations:
 def store_width(out: Configurations, build, width: float, scopes: Sequence[str], s_max: int,
                 point_stats: tuple, counts: Sequence[int]) -> dict:
     """Add width ``width``'s configurations of a store bundle to ``out``: point; head S and
-    all S for S in ``counts`` (``exporters.export.sample_counts``: sorted, ending at S_max;
+    all S for S in ``counts`` (``exporters.layouts.sample_counts``: sorted, ending at S_max;
     empty without samples). Every file is
     materialised from ``build.store`` (the decoded store the device will hold). Quality of
     all-S is that of the first S samples' files; quality of head-S is the S_max head's first S rows: the stacked classifier is quantized per

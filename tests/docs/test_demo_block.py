@@ -5,7 +5,7 @@ the block is regenerated with ``make demo`` and pasted again.
 What the demo exports is read from the demo itself: ``demos.digits_budget.run`` is run with
 training and quantization stubbed out, up to the ``export_bundle`` call, whose options are
 captured; the configuration names follow from them as the exporter names them
-(``w<width>-point``, ``-head<S>``, ``-all<S>``, S from ``exporters.export.sample_counts``).
+(``w<width>-point``, ``-head<S>``, ``-all<S>``, S from ``exporters.layouts.sample_counts``).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _demo_export_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _expected_ids(opts) -> list[str]:
-    from exporters.export import sample_counts
+    from exporters.layouts import sample_counts
 
     counts = sample_counts(opts.samples, opts.sample_counts)
     ids = []

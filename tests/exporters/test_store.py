@@ -388,7 +388,7 @@ def test_head_s_logits_are_the_first_s_rows_of_head_s_max(bundles, data):
 
 
 def test_sample_counts_default_is_powers_of_two_plus_s_max():
-    from exporters.export import sample_counts
+    from exporters.layouts import sample_counts
 
     assert sample_counts(8) == (1, 2, 4, 8)
     assert sample_counts(6) == (1, 2, 4, 6)
@@ -472,7 +472,7 @@ def test_pwfn_head_scope_is_the_same_slice_on_both_routes_given_the_same_draws(
     re-quantized a PWFN head's backbone on a max|w|/127 step (its own point slice used the
     exact power-of-two one), so its head ran another network than its point slice and the
     store's head: the routes' sampled scopes differed by more than the draws."""
-    import exporters.export as E
+    import exporters.layouts as L
 
     out = bundles["pwfn"]
     m = read_manifest(out)
@@ -483,7 +483,7 @@ def test_pwfn_head_scope_is_the_same_slice_on_both_routes_given_the_same_draws(
         return [{n: torch.from_numpy(sample_weights(store, n, s)) for n in names}
                 for s in range(count)]
 
-    monkeypatch.setattr(E, "posterior_samples", store_draws)
+    monkeypatch.setattr(L, "posterior_samples", store_draws)
     files = workdir / "files-head-pwfn"
     export_bundle(checkpoints["pwfn"], files, ExportOptions(
         widths=WIDTHS, samples=S, scopes=["head"], measure=False, max_eval=MAX_EVAL,
