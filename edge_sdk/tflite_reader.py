@@ -20,7 +20,8 @@ trust a flatbuffer's tensor shapes, buffer sizes and operator indices; a malform
   finite (a NaN bias answers NaN for every input); quantization is the writer's symmetric
   per-channel int8 (zero points 0, one finite positive scale per channel);
 - operator codes, option tables and their values (padding, activation, strides, beta, axes,
-  reshape / pad / mean operands) are the ones the writer emits for that op;
+  reshape / pad / mean operands: :mod:`edge_sdk.tflite_operands`) are the ones the writer emits
+  for that op;
 - the signature (when present) maps exactly the subgraph's inputs and outputs.
 
 numpy + stdlib only (no flatbuffers package needed to read: the bounds-checked access is
@@ -39,6 +40,7 @@ import numpy.typing as npt
 from edge_sdk.errors import ConfigError, SliceError
 from edge_sdk.flatbuffer_view import Flat, Table
 from edge_sdk.graph import Graph, Op, Quantization, Tensor
+from edge_sdk.tflite_operands import _OPERANDS, _operand, _scalar_operand
 from edge_sdk.tflite_writer import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
 __all__ = ["read_graph", "MAX_ELEMENTS"]
@@ -87,10 +89,6 @@ _OPTION_FIELDS = {
     "DEQUANTIZE": ("DequantizeOptions", set()),
     "SOFTMAX": ("SoftmaxOptions", {0}),
 }
-# ops whose second input is an int32 operand the writer makes from an option
-_OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
-             "SLICE": "begin", "GATHER": "indices", "RESIZE_NEAREST_NEIGHBOR": "size",
-             "RESIZE_BILINEAR": "size"}
 
 
 def _enum(value: int, table: Mapping[int, _V], what: str, flat: Flat) -> _V:
@@ -329,67 +327,6 @@ def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat
         raise flat.bad(f"tensor {name!r}: quantized dimension {axis} of a rank-{len(shape)} "
                        "tensor")
     return Quantization(tuple(float(s) for s in scale), int(axis))
-
-
-def _operand(op: str, ins: list[str | None], options: dict[str, Any], weights: Weights,
-             tensors: list[_Entry], operand_of: dict[str, str], flat: Flat, where: str
-             ) -> list[str | None]:
-    """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
-    it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
-    # PADV2 has a third input, its pad value; SLICE's third is its size
-    arity = 3 if op in ("PADV2", "SLICE") else 2
-    name = ins[1] if len(ins) == arity else None
-    if name is None or name not in weights:
-        raise flat.bad(f"{where}: expected [input, int32 constant operand"
-                       f"{', pad value' if arity == 3 else ''}], got {ins}")
-    t = next(t for t, _ in tensors if t.name == name)
-    if t.dtype != "int32" or name in operand_of or t.quant is not None:
-        raise flat.bad(f"{where}: operand {name!r} must be an int32 constant used once")
-    operand_of[name] = where
-    value = weights[name]
-    key = _OPERANDS[op]
-    if op == "RESHAPE":
-        if value.ndim != 1 or (options["shape"] is not None
-                               and options["shape"] != value.tolist()):
-            raise flat.bad(f"{where}: shape operand {value.tolist()} and new_shape "
-                           f"{options['shape']} disagree")
-        options["shape"] = value.tolist()
-    elif op in ("PAD", "GATHER", "RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"):
-        options[key] = value.tolist()
-    elif op == "SLICE":
-        size = ins[2]
-        t2 = next((t for t, _ in tensors if t.name == size), None)
-        if t2 is None or size is None or size not in weights or t2.dtype != "int32" \
-                or size in operand_of \
-                or value.ndim != 1 or weights[size].shape != value.shape:
-            raise flat.bad(f"{where}: begin and size must be int32 vectors of one length, used "
-                           "once")
-        operand_of[size] = where
-        options["begin"], options["size"] = value.tolist(), weights[size].tolist()
-    elif op == "PADV2":
-        options[key] = value.tolist()
-        options["value"] = _scalar_operand(ins[2], weights, tensors, operand_of, flat, where)
-    else:
-        if value.ndim != 1:
-            raise flat.bad(f"{where}: axes operand must be a vector, got {list(value.shape)}")
-        options[key] = value.tolist()
-    return ins[:1]
-
-
-def _scalar_operand(name: str | None, weights: Weights, tensors: list[_Entry],
-                    operand_of: dict[str, str], flat: Flat, where: str) -> float:
-    """A float32 [1] constant the writer made from an option (PADV2's value, ADD / MUL's
-    scalar), used by this op alone; it becomes that option again."""
-    t = next((t for t, _ in tensors if t.name == name), None)
-    if t is None or name is None or name not in weights or t.dtype != "float32" \
-            or tuple(t.shape) != (1,) \
-            or name in operand_of or t.quant is not None:
-        raise flat.bad(f"{where}: operand {name!r} must be a float32 [1] constant used once")
-    operand_of[name] = where
-    v = float(weights[name][0])
-    if not math.isfinite(v) and not v == -math.inf:
-        raise flat.bad(f"{where}: operand {name!r} is {v}")
-    return v
 
 
 def _batch_dim(tensors: list[_Entry], io: dict[str, list[str]], flat: Flat) -> int | None:
