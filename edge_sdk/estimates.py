@@ -30,6 +30,7 @@ class Estimates:
     _overhead: Mapping[str, float]
     _clock: Callable[[], float]
     _calls: int
+    _fresh_s: float
     _measured: dict[str | tuple[str, int], tuple[float, float, int]]
     _by_id: dict[str, Configuration]
     _need: dict[str, float]
@@ -116,6 +117,15 @@ class Estimates:
         old = measured.get(key)
         if old is None:
             new = latency_ms
+        elif now - old[1] < self._fresh_s and old[2] == calls:
+            # fresh (pinned calls back to back, issue 34): what the branch below does when
+            # stale < min(1e-3, ewma), without computing the age
+            pred = old[0]
+            cap = self.outlier * pred
+            if latency_ms > cap:
+                latency_ms = cap
+            a = self.ewma
+            new = (1 - a) * pred + a * latency_ms
         else:
             # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
             age = max((now - old[1]) / self.half_life_s,

@@ -101,6 +101,10 @@ class Policy(Estimates):
         self.half_life_s = _number("half_life_s", half_life_s, 0, 1e9, lo_open=True)
         self.half_life_calls = _number("half_life_calls", half_life_calls, 1, 1e12, integer=True)
         self.outlier = outlier
+        # observe()'s shortcut (issue 34): a measurement younger than this, with no decision
+        # made since, has aged less than min(1e-3, ewma) toward the prior (0.5 ** age >
+        # 1 - that), so it is neither blended with the prior nor given more than `ewma` weight
+        self._fresh_s = -math.log2(1 - min(1e-3, self.ewma)) * self.half_life_s
         if mode not in MODES:
             raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode, self.target = mode, target
@@ -180,8 +184,18 @@ class Policy(Estimates):
                           slack, n)
 
     def fits_memory(self, c: Configuration, budget: Budget) -> bool:
-        need = self._need.get(c.id)  # _mem_ok inline: every call asks (issue 34)
-        return (self.memory_need_mb(c) if need is None else need) <= self.memory_limit_mb(budget)
+        # _need_mb and memory_limit_mb inline: every call asks (issue 34); `not need <= x`
+        # keeps memory_limit_mb's answer for a NaN reading (does not fit)
+        need = self._need.get(c.id)
+        if need is None:
+            need = self.memory_need_mb(c)
+        if not need <= self.memory.available_mb():
+            return False
+        v = budget.memory_mb
+        if v is not None and not need <= v:
+            return False
+        v = self.memory_cap_mb
+        return v is None or need <= v
 
     @staticmethod
     def preference(c: Configuration) -> tuple[float, float, int]:

@@ -137,6 +137,30 @@ def test_auto_uses_the_first_usable_backend(bundle):
     assert edge_sdk.load(bundle, profile=None).backend == USABLE[0]
 
 
+@pytest.mark.parametrize("name", backends.BACKENDS)
+def test_the_runtime_s_interpreter_calls_the_compiled_wrapper_and_still_resizes(name):
+    """(issue 34) set_tensor / invoke / get_tensor are the wrapper's own methods (no Python
+    frame per call), which hold references to it: the backends' reference count check would
+    then refuse every later resize or allocation, unless edge_sdk's class drops it."""
+    if name not in USABLE:
+        pytest.skip(f"{name} is not usable here")
+    cls, _ = backends.interpreter_class(name)
+    it = cls(model_content=backends._ONE_OP_MODEL, num_threads=1)  # y = x + x
+    it.allocate_tensors()
+    for m in ("set_tensor", "invoke", "get_tensor"):
+        assert m in vars(it) and getattr(it, m).__self__ is it._interpreter
+    i, o = it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]
+    it.set_tensor(i, np.array([[1.5]], np.float32))
+    it.invoke()
+    assert it.get_tensor(o).tolist() == [[3.0]]
+    it.resize_tensor_input(i, [4, 1])  # no "at least 1 reference to internal data" refusal
+    it.allocate_tensors()
+    it.set_tensor(i, np.arange(4, dtype=np.float32)[:, None])
+    it.invoke()
+    assert it.get_tensor(o).ravel().tolist() == [0.0, 2.0, 4.0, 6.0]
+    del it  # the wrapper released before the backend's delegates: no crash
+
+
 # --------------------------------------------------------------------------- operator reader
 
 
