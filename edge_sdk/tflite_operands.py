@@ -18,14 +18,14 @@ if TYPE_CHECKING:  # tflite_reader imports this module; its types are only annot
     from edge_sdk.tflite_reader import Weights, _Entry
 
 # ops whose second input is an int32 operand the writer makes from an option
-_OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
-             "SLICE": "begin", "GATHER": "indices", "RESIZE_NEAREST_NEIGHBOR": "size",
-             "RESIZE_BILINEAR": "size"}
+OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
+            "SLICE": "begin", "GATHER": "indices", "RESIZE_NEAREST_NEIGHBOR": "size",
+            "RESIZE_BILINEAR": "size"}
 
 
-def _operand(op: str, ins: list[str | None], options: dict[str, Any], weights: Weights,
-             tensors: list[_Entry], operand_of: dict[str, str], flat: Flat, where: str
-             ) -> list[str | None]:
+def operand(op: str, ins: list[str | None], options: dict[str, Any], weights: Weights,
+            tensors: list[_Entry], operand_of: dict[str, str], flat: Flat, where: str
+            ) -> list[str | None]:
     """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
     it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
     # PADV2 has a third input, its pad value; SLICE's third is its size
@@ -39,7 +39,7 @@ def _operand(op: str, ins: list[str | None], options: dict[str, Any], weights: W
         raise flat.bad(f"{where}: operand {name!r} must be an int32 constant used once")
     operand_of[name] = where
     value = weights[name]
-    key = _OPERANDS[op]
+    key = OPERANDS[op]
     if op == "RESHAPE":
         if value.ndim != 1 or (options["shape"] is not None
                                and options["shape"] != value.tolist()):
@@ -60,7 +60,7 @@ def _operand(op: str, ins: list[str | None], options: dict[str, Any], weights: W
         options["begin"], options["size"] = value.tolist(), weights[size].tolist()
     elif op == "PADV2":
         options[key] = value.tolist()
-        options["value"] = _scalar_operand(ins[2], weights, tensors, operand_of, flat, where)
+        options["value"] = scalar_operand(ins[2], weights, tensors, operand_of, flat, where)
     else:
         if value.ndim != 1:
             raise flat.bad(f"{where}: axes operand must be a vector, got {list(value.shape)}")
@@ -68,8 +68,8 @@ def _operand(op: str, ins: list[str | None], options: dict[str, Any], weights: W
     return ins[:1]
 
 
-def _scalar_operand(name: str | None, weights: Weights, tensors: list[_Entry],
-                    operand_of: dict[str, str], flat: Flat, where: str) -> float:
+def scalar_operand(name: str | None, weights: Weights, tensors: list[_Entry],
+                   operand_of: dict[str, str], flat: Flat, where: str) -> float:
     """A float32 [1] constant the writer made from an option (PADV2's value, ADD / MUL's
     scalar), used by this op alone; it becomes that option again."""
     t = next((t for t, _ in tensors if t.name == name), None)

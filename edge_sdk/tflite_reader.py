@@ -40,7 +40,7 @@ import numpy.typing as npt
 from edge_sdk.errors import ConfigError, SliceError
 from edge_sdk.flatbuffer_view import Flat, Table
 from edge_sdk.graph import Graph, Op, Quantization, Tensor
-from edge_sdk.tflite_operands import _OPERANDS, _operand, _scalar_operand
+from edge_sdk.tflite_operands import OPERANDS, operand, scalar_operand
 from edge_sdk.tflite_writer import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
 __all__ = ["read_graph", "MAX_ELEMENTS"]
@@ -279,14 +279,14 @@ def _read(flat: Flat) -> tuple[Graph, Weights]:
         in_names: list[str | None] = [
             None if op == "FULLY_CONNECTED" and j == 2 and i == -1 else index(i, where)
             for j, i in enumerate(ins)]
-        if op in _OPERANDS:
-            in_names = _operand(op, in_names, options, weights, tensors, operand_of, flat, where)
+        if op in OPERANDS:
+            in_names = operand(op, in_names, options, weights, tensors, operand_of, flat, where)
         elif op in ("ADD", "MUL") and len(in_names) == 2 and in_names[1] in weights \
                 and weights[in_names[1]].size == 1:
             # the writer's scalar operand (a graph's own constant operand of ADD / MUL has a
             # sample's shape: the runtime's raw-input normalisation, edge_sdk.answer_graph)
-            options["scalar"] = _scalar_operand(in_names[1], weights, tensors, operand_of,
-                                                flat, where)
+            options["scalar"] = scalar_operand(in_names[1], weights, tensors, operand_of,
+                                               flat, where)
             in_names = in_names[:1]
         ops.append(Op(op, in_names, [index(outs[0], where)],
                       {k: v for k, v in options.items() if v is not None}))

@@ -27,7 +27,7 @@ from edge_sdk.errors import ConfigError
 # quality and slice_logits live with the configuration records; imported from here too
 from exporters.configs import Configurations, EvalSets, quality, slice_logits  # noqa: F401
 from trainer.device import resolve_device
-from exporters.layouts import _files_layout, _store_layout, sample_counts
+from exporters.layouts import files_layout, store_layout, sample_counts
 from exporters.slice import posterior_kind
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict, config_to_dict
@@ -217,11 +217,11 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
     sampled = bool({"head", "all"} & set(opts.scopes))
     extra: dict = {}
     if opts.layout == "store":
-        files, weight_notes = _store_layout(model, ckpt, kind, widths, calib, shape, opts,
-                                            out_cfg, device, sampled, progress, extra)
+        files, weight_notes = store_layout(model, ckpt, kind, widths, calib, shape, opts,
+                                           out_cfg, device, sampled, progress, extra)
     else:
-        files, weight_notes = _files_layout(model, ckpt, kind, widths, calib, shape, opts,
-                                            out_cfg, device, sampled, progress)
+        files, weight_notes = files_layout(model, ckpt, kind, widths, calib, shape, opts,
+                                           out_cfg, device, sampled, progress)
     configs = out_cfg.finish(opts.cascade_max_loss)
     unc_report = None
     if opts.uncertainty:

@@ -23,7 +23,7 @@ from exporters.slice import (classifier_name, make_slice, posterior_samples, sli
 from exporters.tflite import export_point_slice
 from trainer.layers import BayesNestedLayer
 
-__all__ = ["sample_counts"]
+__all__ = ["files_layout", "sample_counts", "store_layout"]
 
 
 def sample_counts(s_max: int, counts: Sequence[int] | str | None = None) -> tuple[int, ...]:
@@ -72,8 +72,8 @@ def _bar(plan: list, progress: bool):
     return tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
 
 
-def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
-                  progress) -> tuple[dict, dict]:
+def files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
+                 progress) -> tuple[dict, dict]:
     """One ``.tflite`` per file, S = ``opts.samples`` fixed (what version 2 wrote)."""
     samples = posterior_samples(model, ckpt, opts.samples, opts.seed) if sampled else []
     classes = out_cfg.classes
@@ -119,8 +119,8 @@ def _files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device
     return files, weight_notes
 
 
-def _store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
-                  progress, extra: dict) -> tuple[dict, dict]:
+def store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
+                 progress, extra: dict) -> tuple[dict, dict]:
     """One weight store; every slice materialised from it (docs/store.md); S in
     ``opts.sample_counts``."""
     from edge_sdk import bundle as B

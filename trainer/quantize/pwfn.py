@@ -31,7 +31,7 @@ from trainer.evaluate import batches, evaluate_widths
 from trainer.layers import BayesNestedLayer, _inverse_softplus
 from trainer.models import NestedModel
 from trainer.device import model_device
-from trainer.quantize.pwfn_cluster import _MIN_SIGMA, candidate_centres, cluster_round, pow2_sigma
+from trainer.quantize.pwfn_cluster import MIN_SIGMA, candidate_centres, cluster_round, pow2_sigma
 from trainer.regime import regime_step
 from trainer.train import ordering_regularizer
 
@@ -100,7 +100,7 @@ def _set_weight_sigma_(entries: list[_Entry], sigma: torch.Tensor) -> None:
         for e in entries:
             if e.kind == "weight":
                 s = sigma[e.offset: e.offset + e.numel].view_as(e.layer.weight_rho)
-                rho = _inverse_softplus(s.clamp_min(_MIN_SIGMA).double()).float()
+                rho = _inverse_softplus(s.clamp_min(MIN_SIGMA).double()).float()
                 e.layer.weight_rho.copy_(rho.to(e.layer.weight_rho.device))
 
 
@@ -150,7 +150,7 @@ class _FixedState:
                 mask = self.fixed[sl].view_as(e.mu).to(dev)
                 e.mu.copy_(torch.where(mask, self.value[sl].view_as(e.mu).to(dev), e.mu))
                 if e.kind == "weight":
-                    rho = _inverse_softplus(self.sigma[sl].clamp_min(_MIN_SIGMA).double()).float()
+                    rho = _inverse_softplus(self.sigma[sl].clamp_min(MIN_SIGMA).double()).float()
                     e.layer.weight_rho.copy_(
                         torch.where(mask, rho.view_as(mask).to(dev), e.layer.weight_rho))
 

@@ -17,9 +17,9 @@ import torch
 
 from edge_sdk.errors import ConfigError
 
-__all__ = ["RoundStats", "candidate_centres", "cluster_round", "nearest", "pow2_sigma"]
+__all__ = ["MIN_SIGMA", "RoundStats", "candidate_centres", "cluster_round", "nearest", "pow2_sigma"]
 
-_MIN_SIGMA = 1e-12  # D_prob's denominator floor: a fixed singleton has sigma exactly 0
+MIN_SIGMA = 1e-12  # D_prob's denominator floor: a fixed singleton has sigma exactly 0
 
 
 # --------------------------------------------------------------------------------- centres
@@ -122,7 +122,7 @@ def cluster_round(mu: torch.Tensor, sigma: torch.Tensor, free: torch.Tensor, tar
     stats = RoundStats()
     value = torch.full_like(mu, float("nan"))
     group_sigma = torch.full_like(mu, float("nan"))
-    mu64, sig = mu.double(), sigma.double().clamp_min(_MIN_SIGMA)
+    mu64, sig = mu.double(), sigma.double().clamp_min(MIN_SIGMA)
     if not 0 <= target <= len(mu):
         raise ConfigError(f"target must be between 0 and the {len(mu)} entries, got {target}")
     need = target - int((~free).sum())
