@@ -9,6 +9,11 @@ A backend is also refused for a bundle it is known to compute wrongly, rather th
 answer: :func:`check_bundle` reads the operators of every file (:mod:`.tflite_model`) against
 :data:`KNOWN_WRONG`. And a model its op resolver does not know (a too-new op version) fails at
 interpreter creation as a :class:`BackendError` naming the file, not as a bare ``ValueError``.
+
+The class :func:`interpreter_class` returns is the backend's own with three changes: those
+typed errors, ``set_tensor`` / ``invoke`` / ``get_tensor`` bound straight to the compiled
+wrapper (the hot path, issue 34), and no reference-count check before a resize, allocation
+or invoke (it guards ``tensor()`` views, which the runtime never takes).
 """
 from __future__ import annotations
 
