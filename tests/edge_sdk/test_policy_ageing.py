@@ -130,6 +130,27 @@ def test_a_late_observation_counts_at_least_as_much_as_the_staleness(gap, first,
     assert min(before, second) - 1e-9 <= after <= max(before, second) + 1e-9
 
 
+@given(gaps=st.lists(st.floats(0.0, 0.05), min_size=1, max_size=30),
+       measured=st.lists(st.floats(0.01, 100), min_size=30, max_size=30),
+       ewma=st.sampled_from([0.2, 1e-4]))
+def test_observe_s_shortcut_for_a_fresh_estimate_is_the_full_ageing_rule(gaps, measured, ewma):
+    """(issue 34) observe() skips the ageing maths while an estimate is younger than the age
+    at which the prior would weigh min(1e-3, ewma) and no decision was made since: the same
+    estimates as the full rule (a policy whose shortcut never applies), outlier cap included."""
+    clocks = [FakeClock(100.0), FakeClock(100.0)]
+    c = config("c", latency_ms=2.0)
+    fast, full = (policy([c], clock=k, half_life_s=HALF_LIFE, ewma=ewma) for k in clocks)
+    full._fresh_s = -1.0  # never fresh: always the full rule
+    assert fast._fresh_s > 0
+    for gap, ms in zip(gaps, measured):
+        for k in clocks:
+            k.t += gap
+        fast.observe("c", ms)
+        full.observe("c", ms)
+        assert fast.predicted_latency_ms(c) == pytest.approx(full.predicted_latency_ms(c),
+                                                             rel=1e-9)
+
+
 def test_a_very_stale_estimate_is_replaced_by_the_new_measurement():
     p, c, clock = aged(prior=2.0, measured=100.0)
     clock.t += 100 * HALF_LIFE
