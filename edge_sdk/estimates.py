@@ -117,27 +117,23 @@ class Estimates:
         old = measured.get(key)
         if old is None:
             new = latency_ms
-        elif now - old[1] < self._fresh_s and old[2] == calls:
-            # fresh (pinned calls back to back, issue 34): what the branch below does when
-            # stale < min(1e-3, ewma), without computing the age
-            pred = old[0]
-            cap = self.outlier * pred
-            if latency_ms > cap:
-                latency_ms = cap
-            a = self.ewma
-            new = (1 - a) * pred + a * latency_ms
         else:
-            # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34)
-            age = max((now - old[1]) / self.half_life_s,
-                      (calls - old[2]) / self.half_life_calls)
-            stale = 1.0 - 0.5 ** age
-            ewma, pred = self.ewma, old[0]
-            if stale >= 1e-3 and config_id in self._by_id:
-                prior = self._prior_e2e.get(config_id) if n == 1 else None
-                if prior is None:
-                    prior = self._end_to_end_prior(self._by_id[config_id], n)
-                pred = (1 - stale) * pred + stale * prior
-            if stale <= ewma:
+            pred, a = old[0], self.ewma
+            # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34);
+            # a fresh estimate (no decision made since, younger than Policy._fresh_s: pinned
+            # calls back to back) has aged less than min(1e-3, ewma), so it skips them
+            if now - old[1] >= self._fresh_s or old[2] != calls:
+                age = max((now - old[1]) / self.half_life_s,
+                          (calls - old[2]) / self.half_life_calls)
+                stale = 1.0 - 0.5 ** age
+                if stale >= 1e-3 and config_id in self._by_id:
+                    prior = self._prior_e2e.get(config_id) if n == 1 else None
+                    if prior is None:
+                        prior = self._end_to_end_prior(self._by_id[config_id], n)
+                    pred = (1 - stale) * pred + stale * prior
+                if stale > a:
+                    a = stale
+            if a == self.ewma:
                 # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
                 # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
                 # push a configuration out of its budget, while a sustained 2x slowdown is
@@ -145,9 +141,6 @@ class Estimates:
                 cap = self.outlier * pred
                 if latency_ms > cap:
                     latency_ms = cap
-                a = ewma
-            else:
-                a = stale
             new = (1 - a) * pred + a * latency_ms
         measured[key] = (new, now, calls)
         if n == 1 and new < self._floor.get(config_id, new):

@@ -184,18 +184,8 @@ class Policy(Estimates):
                           slack, n)
 
     def fits_memory(self, c: Configuration, budget: Budget) -> bool:
-        # _need_mb and memory_limit_mb inline: every call asks (issue 34); `not need <= x`
-        # keeps memory_limit_mb's answer for a NaN reading (does not fit)
-        need = self._need.get(c.id)
-        if need is None:
-            need = self.memory_need_mb(c)
-        if not need <= self.memory.available_mb():
-            return False
-        v = budget.memory_mb
-        if v is not None and not need <= v:
-            return False
-        v = self.memory_cap_mb
-        return v is None or need <= v
+        need = self._need.get(c.id)  # _mem_ok inline: every call asks (issue 34)
+        return (self.memory_need_mb(c) if need is None else need) <= self.memory_limit_mb(budget)
 
     @staticmethod
     def preference(c: Configuration) -> tuple[float, float, int]:
