@@ -31,6 +31,8 @@ class Estimates:
     _clock: Callable[[], float]
     _calls: int
     _fresh_s: float
+    _one_call_age: float
+    _one_call_stale: float
     _measured: dict[str | tuple[str, int], tuple[float, float, int]]
     _by_id: dict[str, Configuration]
     _need: dict[str, float]
@@ -123,9 +125,12 @@ class Estimates:
             # a fresh estimate (no decision made since, younger than Policy._fresh_s: pinned
             # calls back to back) has aged less than min(1e-3, ewma), so it skips them
             if now - old[1] >= self._fresh_s or old[2] != calls:
-                age = max((now - old[1]) / self.half_life_s,
-                          (calls - old[2]) / self.half_life_calls)
-                stale = 1.0 - 0.5 ** age
+                age = (now - old[1]) / self.half_life_s
+                if old[2] == calls - 1 and age <= self._one_call_age:
+                    stale = self._one_call_stale  # the one decision since outweighs the time
+                else:
+                    age = max(age, (calls - old[2]) / self.half_life_calls)
+                    stale = 1.0 - 0.5 ** age
                 if stale >= 1e-3 and config_id in self._by_id:
                     prior = self._prior_e2e.get(config_id) if n == 1 else None
                     if prior is None:

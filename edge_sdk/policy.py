@@ -101,10 +101,15 @@ class Policy(Estimates):
         self.half_life_s = _number("half_life_s", half_life_s, 0, 1e9, lo_open=True)
         self.half_life_calls = _number("half_life_calls", half_life_calls, 1, 1e12, integer=True)
         self.outlier = outlier
-        # observe()'s shortcut (issue 34): a measurement younger than this, with no decision
-        # made since, has aged less than min(1e-3, ewma) toward the prior (0.5 ** age >
-        # 1 - that), so it is neither blended with the prior nor given more than `ewma` weight
-        self._fresh_s = -math.log2(1 - min(1e-3, self.ewma)) * self.half_life_s
+        # observe()'s and call_stages' shortcut (issue 34): a measurement younger than this,
+        # with no decision made since, has aged less than min(1e-3, ewma) toward the prior
+        # (0.5 ** age > 1 - that), so it is neither blended with the prior nor given more than
+        # `ewma` weight (a billionth short of the bound, so rounding never crosses it)
+        self._fresh_s = -math.log2(1 - min(1e-3, self.ewma)) * self.half_life_s * (1 - 1e-9)
+        # ... and one decision later (a policy-chosen call), while the time since is worth at
+        # most one decision, it has aged by exactly that decision: this weight of the prior
+        self._one_call_age = 1 / self.half_life_calls
+        self._one_call_stale = 1.0 - 0.5 ** self._one_call_age
         if mode not in MODES:
             raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode, self.target = mode, target
@@ -332,6 +337,8 @@ class Policy(Estimates):
                         m = measured.get(cid)
                         if m is None:
                             pred = prior
+                        elif m[2] == self._calls and now - m[1] < self._fresh_s:
+                            pred = m[0]  # aged less than 1e-3 (observe()'s fresh estimate)
                         else:
                             stale = self._stale(m, now)
                             pred = m[0] if stale < 1e-3 else \

@@ -132,23 +132,28 @@ def test_a_late_observation_counts_at_least_as_much_as_the_staleness(gap, first,
 
 @given(gaps=st.lists(st.floats(0.0, 0.05), min_size=1, max_size=30),
        measured=st.lists(st.floats(0.01, 100), min_size=30, max_size=30),
-       ewma=st.sampled_from([0.2, 1e-4]))
-def test_observe_s_shortcut_for_a_fresh_estimate_is_the_full_ageing_rule(gaps, measured, ewma):
+       decisions=st.lists(st.integers(0, 2), min_size=30, max_size=30),
+       ewma=st.sampled_from([0.2, 1e-4]), half_life_calls=st.sampled_from([200, 2000]))
+def test_observe_s_shortcuts_are_the_full_ageing_rule(gaps, measured, decisions, ewma,
+                                                      half_life_calls):
     """(issue 34) observe() skips the ageing maths while an estimate is younger than the age
-    at which the prior would weigh min(1e-3, ewma) and no decision was made since: the same
-    estimates as the full rule (a policy whose shortcut never applies), outlier cap included."""
+    at which the prior would weigh min(1e-3, ewma) and no decision was made since, and takes
+    the ageing of exactly one decision when one was made since and the time since is worth
+    less: the same estimates as the full rule (a policy whose shortcuts never apply),
+    outlier cap included. (half_life_calls 2000: one decision weighs the prior under 1e-3.)"""
     clocks = [FakeClock(100.0), FakeClock(100.0)]
     c = config("c", latency_ms=2.0)
-    fast, full = (policy([c], clock=k, half_life_s=HALF_LIFE, ewma=ewma) for k in clocks)
+    fast, full = (policy([c], clock=k, half_life_s=HALF_LIFE, ewma=ewma,
+                         half_life_calls=half_life_calls) for k in clocks)
     full._fresh_s = -1.0  # never fresh: always the full rule
-    assert fast._fresh_s > 0
-    for gap, ms in zip(gaps, measured):
-        for k in clocks:
+    full._one_call_age = -1.0  # never aged by exactly one decision: the full rule
+    assert fast._fresh_s > 0 and fast._one_call_age > 0
+    for gap, ms, made in zip(gaps, measured, decisions):
+        for p, k in ((fast, clocks[0]), (full, clocks[1])):
             k.t += gap
-        fast.observe("c", ms)
-        full.observe("c", ms)
-        assert fast.predicted_latency_ms(c) == pytest.approx(full.predicted_latency_ms(c),
-                                                             rel=1e-9)
+            p._calls += made  # decisions in between (policy-chosen calls)
+            p.observe("c", ms)
+        assert fast.predicted_latency_ms(c) == full.predicted_latency_ms(c)
 
 
 def test_a_very_stale_estimate_is_replaced_by_the_new_measurement():
