@@ -80,11 +80,13 @@ def _budget_for(model, c):
     return edge_sdk.Budget(latency_ms=budget) if budget >= 1.2 * own + 0.02 else None
 
 
-def loop_sdk_us(model, c, x, calls: int) -> float:
+def loop_sdk_us(model, c, x, calls: int, budget=None) -> float:
     """The pinned call in a tight loop, what an app calling ``predict`` back to back sees: per
     call its wall time minus the time of the interpreter's ``invoke()`` calls inside it (a
     shim on this model's interpreters times them; the shim's own ~0.2 us counts as the SDK's),
-    median over ``calls``. Paired within each call, so the host's drift cancels."""
+    median over ``calls``. Paired within each call, so the host's drift cancels. With
+    ``budget``: the policy-chosen call under it instead (:func:`_budget_for`), counted only
+    when the policy chose ``c`` (nan if it chose another configuration on most calls)."""
     model.predict(x, config_id=c.id)  # resident at batch 1
     interps = [i[0] for i in model._interpreters(c)]
     pc = time.perf_counter
@@ -103,18 +105,32 @@ def loop_sdk_us(model, c, x, calls: int) -> float:
     for it in interps:
         it.invoke = shim(it)  # an instance attribute: the SDK's it.invoke() calls it
     sdk = []
+    other = 0
     try:
-        for _ in range(calls):
-            k = len(inside)
-            t0 = pc()
-            model.predict(x, config_id=c.id)
-            sdk.append(pc() - t0 - sum(inside[k:]))
+        if budget is None:
+            for _ in range(calls):
+                k = len(inside)
+                t0 = pc()
+                model.predict(x, config_id=c.id)
+                sdk.append(pc() - t0 - sum(inside[k:]))
+        else:
+            for _ in range(calls):
+                k = len(inside)
+                t0 = pc()
+                p = model.predict(x, budget)
+                t = pc() - t0 - sum(inside[k:])
+                if p.config_id == c.id:
+                    sdk.append(t)
+                else:
+                    other += 1
     finally:
         for it, real in zip(interps, saved):
             if real is None:
                 del it.invoke
             else:
                 it.invoke = real
+    if other > calls // 2:
+        return math.nan
     return statistics.median(sdk) * 1e6
 
 
@@ -131,9 +147,9 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     (perf_counter around the one call). SDK µs = median predict - median raw invoke, the raw
     invoke of the slice the exporter wrote (so the answer's softmax the runtime appends to
     the graph, edge_sdk.answer_graph, counts as the SDK's time). 'loop us': the pinned call
-    with the fields off in a tight loop instead (:func:`loop_sdk_us`): interleaved, every
-    call starts from caches the other models' calls left (what an app that does other work
-    between calls sees); back to back, from its own."""
+    with the fields off in a tight loop instead (:func:`loop_sdk_us`), 'loop pol' the
+    policy-chosen one: interleaved, every call starts from caches the other models' calls
+    left (what an app that does other work between calls sees); back to back, from its own."""
     off = edge_sdk.load(bundle, threads=threads, uncertainty=False, input_check=False)
     on = edge_sdk.load(bundle, threads=threads) if off.manifest.uncertainty is not None \
         or off.manifest.input_stats is not None else None
@@ -144,7 +160,7 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     head = f"{'config':<14}{'invoke':>8}{'s+i+g':>8}"
     for u, _ in models:
         head += f"{'pin ' + u:>9}{'SDK us':>8}{'pol ' + u:>9}{'SDK us':>8}{'by':>14}"
-    print(head + f"{'loop us':>9}   (ms unless us)")
+    print(head + f"{'loop us':>9}{'loop pol':>9}   (ms unless us)")
     rows = []
     for c in configs:
         # private interpreters of the exported slice's own graph (without the answer's
@@ -212,7 +228,9 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
                      f"{med['pol' + u]:>9.4f}{row[f'pol_{u}_sdk_us']:>8.1f}"
                      f"{by + ('' if share > 0.99 else f' {share:.0%}'):>14}")
         row["loop_off_sdk_us"] = loop_sdk_us(off, c, x, calls)
-        line += f"{row['loop_off_sdk_us']:>9.1f}"
+        row["loop_pol_off_sdk_us"] = math.nan if budgets["off"] is None else \
+            loop_sdk_us(off, c, x, calls, budgets["off"])
+        line += f"{row['loop_off_sdk_us']:>9.1f}{row['loop_pol_off_sdk_us']:>9.1f}"
         print(line, flush=True)
         rows.append(row)
     return rows
@@ -224,7 +242,8 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
     predict_batch with every field on (the default load) and with the uncertainty fields and
     the input check off. Separate models for each, so none pays for resizing another's
     interpreters. ``t/raw``: predict_batch's median time over the raw invoke's (issue 34
-    asks <= 1.1 at N = 64)."""
+    asks <= 1.1 at N = 64), the four interleaved call by call in a random order; 'b2b off':
+    the same ratio with the fields off, each called back to back (runs of ten)."""
     loop_m = edge_sdk.load(bundle, threads=1)
     batch_m = edge_sdk.load(bundle, threads=1)
     off_m = edge_sdk.load(bundle, threads=1, uncertainty=False, input_check=False)
@@ -236,7 +255,7 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
           f"median of {repeats} rounds, samples/s; 'raw' = the interpreter's batched invoke "
           f"alone (set + invoke + get); on / off = the uncertainty fields and input check")
     print(f"{'config':<14}{'N':>4}{'loop/s':>10}{'on/s':>10}{'off/s':>10}{'raw/s':>10}"
-          f"{'on/loop':>9}{'t on/raw':>9}{'t off/raw':>10}")
+          f"{'on/loop':>9}{'t on/raw':>9}{'t off/raw':>10}{'b2b off':>9}")
     for c in configs:
         for n in ns:
             xb = xs[:n]
@@ -283,8 +302,19 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
                     times.append(time.perf_counter() - t0)
             t_loop, t_batch, t_off, t_raw = (times for _, times in runs)
             sl, sb, so, sr = (n / statistics.median(t) for t in (t_loop, t_batch, t_off, t_raw))
+            # back to back: the fields-off predict_batch and the raw batch each in runs of
+            # ten calls, the runs alternated (drift hits both); each call after the first of a
+            # run starts from the caches its own previous call left, as in an app's loop
+            b2b: tuple[list[float], list[float]] = ([], [])
+            for _ in range(max(repeats // 10, 1)):
+                for fn, times in ((runs[2][0], b2b[0]), (raw_batch, b2b[1])):
+                    for _ in range(10):
+                        t0 = time.perf_counter()
+                        fn()
+                        times.append(time.perf_counter() - t0)
+            ratio = statistics.median(b2b[0]) / statistics.median(b2b[1])
             print(f"{c.id:<14}{n:>4}{sl:>10.0f}{sb:>10.0f}{so:>10.0f}{sr:>10.0f}{sb / sl:>9.2f}"
-                  f"{sr / sb:>9.2f}{sr / so:>10.2f}", flush=True)
+                  f"{sr / sb:>9.2f}{sr / so:>10.2f}{ratio:>9.2f}", flush=True)
 
 
 def trace(model, configs, xs, ys, e2e: dict[str, float]) -> None:
