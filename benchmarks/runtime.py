@@ -243,7 +243,7 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
     the input check off. Separate models for each, so none pays for resizing another's
     interpreters. ``t/raw``: predict_batch's median time over the raw invoke's (issue 34
     asks <= 1.1 at N = 64), the four interleaved call by call in a random order; 'b2b off':
-    the same ratio with the fields off, each called back to back (runs of ten)."""
+    the same ratio with the fields off, each called back to back (alternated runs of 50)."""
     loop_m = edge_sdk.load(bundle, threads=1)
     batch_m = edge_sdk.load(bundle, threads=1)
     off_m = edge_sdk.load(bundle, threads=1, uncertainty=False, input_check=False)
@@ -303,12 +303,12 @@ def batch_table(bundle: str, configs, ns: list[int], repeats: int) -> None:
             t_loop, t_batch, t_off, t_raw = (times for _, times in runs)
             sl, sb, so, sr = (n / statistics.median(t) for t in (t_loop, t_batch, t_off, t_raw))
             # back to back: the fields-off predict_batch and the raw batch each in runs of
-            # ten calls, the runs alternated (drift hits both); each call after the first of a
+            # 50 calls, the runs alternated (drift hits both); each call after the first of a
             # run starts from the caches its own previous call left, as in an app's loop
             b2b: tuple[list[float], list[float]] = ([], [])
-            for _ in range(max(repeats // 10, 1)):
+            for _ in range(max(repeats // 50, 1)):
                 for fn, times in ((runs[2][0], b2b[0]), (raw_batch, b2b[1])):
-                    for _ in range(10):
+                    for _ in range(50):
                         t0 = time.perf_counter()
                         fn()
                         times.append(time.perf_counter() - t0)
