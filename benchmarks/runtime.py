@@ -106,23 +106,17 @@ def loop_sdk_us(model, c, x, calls: int, budget=None) -> float:
         it.invoke = shim(it)  # an instance attribute: the SDK's it.invoke() calls it
     sdk = []
     other = 0
+    pin = c.id if budget is None else None  # predict(x, None, config_id=...) is the pinned call
     try:
-        if budget is None:
-            for _ in range(calls):
-                k = len(inside)
-                t0 = pc()
-                model.predict(x, config_id=c.id)
-                sdk.append(pc() - t0 - sum(inside[k:]))
-        else:
-            for _ in range(calls):
-                k = len(inside)
-                t0 = pc()
-                p = model.predict(x, budget)
-                t = pc() - t0 - sum(inside[k:])
-                if p.config_id == c.id:
-                    sdk.append(t)
-                else:
-                    other += 1
+        for _ in range(calls):
+            k = len(inside)
+            t0 = pc()
+            p = model.predict(x, budget, config_id=pin)
+            t = pc() - t0 - sum(inside[k:])
+            if p.config_id == c.id:
+                sdk.append(t)
+            else:
+                other += 1
     finally:
         for it, real in zip(interps, saved):
             if real is None:
