@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_sdk.errors import EdgeSdkError  # noqa: E402
-from edge_sdk.graph import graph_stats  # noqa: E402
+from edge_sdk.tflite.graph import graph_stats  # noqa: E402
 from exporters.export import snapped_widths  # noqa: E402
 from exporters.slice import make_slice  # noqa: E402
 from exporters.tflite import export_point_slice, lower_point_slice  # noqa: E402

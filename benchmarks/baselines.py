@@ -195,7 +195,7 @@ def bundle_rows(bundle: Path, method: str, eval_sets: dict, labels: np.ndarray,
                 seconds: float) -> list[dict]:
     """Rows of every configuration of a bundle, scored by :func:`quality` on the interpreter's
     logits at the bundle's own temperature (the exporter fitted it on validation)."""
-    from edge_sdk.bundle.materialized import open_slices
+    from edge_sdk.store.sources import open_slices
 
     rows = []
     manifest = read_manifest(bundle)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from edge_sdk.bundle import read_manifest
-from edge_sdk.bundle.materialized import open_slices
+from edge_sdk.store.sources import open_slices
 from exporters.export import ExportOptions, bundle_bytes, export_bundle
 from exporters.layouts import sample_counts
 from exporters.measure import run_tflite

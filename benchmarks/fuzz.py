@@ -4,7 +4,7 @@ tests/edge_sdk/test_fuzz_corpus.py in CI).
 
     .venv/bin/python benchmarks/fuzz.py --bundle /tmp/edge_test_bundle            # the sweep
     .venv/bin/python benchmarks/fuzz.py --bundle ... --byte-cases 100 --unchecked  # without
-        # the graph check (edge_sdk.tflite_reader), to see what it prevents
+        # the graph check (edge_sdk.tflite.reader), to see what it prevents
 
 1. The sweep: tests/edge_sdk/fuzz_corpus.py's classes with ``--byte-cases`` byte-fuzzed slices
    (default 1,800: ~2,100 cases in all) and another seed than CI's; each case in a forked
@@ -57,7 +57,7 @@ def measure_refusal(directory: Path) -> tuple[float, float, str]:
         os.close(r)
         try:
             import edge_sdk
-            import edge_sdk.runtime  # noqa: F401 - imports are not part of the refusal
+            import edge_sdk.runtime.model  # noqa: F401 - imports are not part of the refusal
             import edge_sdk.store  # noqa: F401
             from edge_sdk.errors import EdgeSdkError
 

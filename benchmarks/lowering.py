@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support import randomise  # noqa: E402
 from timing import median_ms  # noqa: E402  (benchmarks/, the script's directory)
 
-from edge_sdk.tflite_writer import write_tflite  # noqa: E402
+from edge_sdk.tflite.writer import write_tflite  # noqa: E402
 from exporters.weights import with_graph_weights  # noqa: E402
 from exporters.measure import run_tflite  # noqa: E402
 from exporters.tflite import lower_point_slice, prepare_weights  # noqa: E402

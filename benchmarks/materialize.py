@@ -25,7 +25,7 @@ from timing import median_ms  # noqa: E402
 
 import edge_sdk  # noqa: E402
 from edge_sdk.bundle import check_slice, read_manifest  # noqa: E402
-from edge_sdk.bundle.materialized import read_store, representatives  # noqa: E402
+from edge_sdk.store.sources import read_store, representatives  # noqa: E402
 from edge_sdk.store import materialize  # noqa: E402
 
 PLENTY_MB = 1e9

@@ -17,7 +17,7 @@ features are per built-in model:
 
 Inactive (all-zero on the training split) feature columns of a narrow width are dropped.
 
-Scores (every one grows with "OOD"; ``edge_sdk.ood`` / ``edge_sdk.metrics``, the numpy the device
+Scores (every one grows with "OOD"; ``edge_sdk.answers.ood`` / ``edge_sdk.answers.metrics``, the numpy the device
 runs): max-softmax and predictive entropy at the temperature fitted on validation NLL; energy
 (T = 1); KNN (cosine, k-th neighbour, bank = L2-normalised training features; bank sizes 1000,
 4000 and the whole training subset at k = 1 and 10 in the bank table); Mahalanobis and relative

@@ -122,7 +122,7 @@ def run_one(name: str, args) -> dict:
     import numpy as np
     import torch
 
-    from edge_sdk import metrics as M
+    from edge_sdk.answers import metrics as M
     from trainer.config import load_config
     from trainer.data import load_data, load_ood, subset
     from trainer.evaluate import batches, evaluate_widths, predict_probs, recollect_bn

@@ -140,7 +140,7 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     input_check=False)``) and on (when the bundle has them). Each timed from outside
     (perf_counter around the one call). SDK µs = median predict - median raw invoke, the raw
     invoke of the slice the exporter wrote (so the answer's softmax the runtime appends to
-    the graph, edge_sdk.answer_graph, counts as the SDK's time). 'loop us': the pinned call
+    the graph, edge_sdk.answers.graph, counts as the SDK's time). 'loop us': the pinned call
     with the fields off in a tight loop instead (:func:`loop_sdk_us`), 'loop pol' the
     policy-chosen one: interleaved, every call starts from caches the other models' calls
     left (what an app that does other work between calls sees); back to back, from its own."""
@@ -158,7 +158,7 @@ def sdk_table(bundle: str, configs, x, calls: int, threads: int = 1) -> list[dic
     rows = []
     for c in configs:
         # private interpreters of the exported slice's own graph (without the answer's
-        # softmax, edge_sdk.answer_graph: its cost counts as the SDK's)
+        # softmax, edge_sdk.answers.graph: its cost counts as the SDK's)
         raw = off._build(c, plain=True)
         xin = off._prepare(x, "x")
         budgets = {u: _budget_for(m, c) for u, m in models}
@@ -434,7 +434,7 @@ def main() -> None:
     print(f"backend {model.backend}; 1 thread; {args.bundle}")
     picked = configs if not args.config else [model._config(cid) for cid in args.config]
     if "sdk" not in skip:
-        from edge_sdk.commands import bench_input
+        from edge_sdk.cli.device import bench_input
 
         print(f"\n== the SDK's own time per call (issue 34), median of {args.sdk_calls}")
         sdk_table(args.bundle, picked, bench_input(spec), args.sdk_calls)

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from exporters.slice import make_slice
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict

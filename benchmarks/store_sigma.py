@@ -30,7 +30,7 @@ import argparse
 import numpy as np
 import torch
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from edge_sdk.store import normal, stream_id
 from edge_sdk.store.decode import decode_point, sigma_reference
 from exporters.sigma_code import absolute_code, code_sigma, encode_sigma, relative_code

@@ -42,9 +42,9 @@ from edge_sdk.errors import (
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time they load lazily (below)
     from edge_sdk.backends import BackendError
-    from edge_sdk.budget import Budget
-    from edge_sdk.prediction import Prediction
-    from edge_sdk.runtime import EdgeModel, load
+    from edge_sdk.policy.budget import Budget
+    from edge_sdk.answers.prediction import Prediction
+    from edge_sdk.runtime.model import EdgeModel, load
 
 __version__ = "0.1.0"
 
@@ -83,10 +83,10 @@ __all__ = [
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
-    "load": "edge_sdk.runtime",
-    "EdgeModel": "edge_sdk.runtime",
-    "Prediction": "edge_sdk.prediction",
-    "Budget": "edge_sdk.budget",
+    "load": "edge_sdk.runtime.model",
+    "EdgeModel": "edge_sdk.runtime.model",
+    "Prediction": "edge_sdk.answers.prediction",
+    "Budget": "edge_sdk.policy.budget",
     "BackendError": "edge_sdk.backends",
 }
 

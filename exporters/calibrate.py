@@ -1,8 +1,8 @@
 """Post-hoc calibration fitted on the validation split (numpy only): a temperature per
 configuration and the confidence thresholds that reach target accuracies.
 
-The maths underneath lives in :mod:`edge_sdk.metrics` (one home, shared with the runtime and
-the report): the temperature-averaged probabilities (:func:`~edge_sdk.metrics.predictive_probs`,
+The maths underneath lives in :mod:`edge_sdk.answers.metrics` (one home, shared with the runtime and
+the report): the temperature-averaged probabilities (:func:`~edge_sdk.answers.metrics.predictive_probs`,
 re-exported here) and the risk–coverage curve the thresholds and cascade plans are cut from."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from edge_sdk import metrics as M
-from edge_sdk.metrics import predictive_probs
+from edge_sdk.answers import metrics as M
+from edge_sdk.answers.metrics import predictive_probs
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "CalibrationWarning", "cascade_threshold",
            "confidence_thresholds", "fit_temperature", "predictive_probs", "short_threshold",

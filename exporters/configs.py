@@ -16,10 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from edge_sdk.bundle import file_entry, width_key
 from edge_sdk.store import materialize_graph
-from edge_sdk.tflite_writer import write_tflite
+from edge_sdk.tflite.writer import write_tflite
 from exporters.calibrate import (cascade_threshold, confidence_thresholds, fit_temperature,
                                  predictive_probs)
 from exporters.measure import latency_ms, memory_mb, run_tflite

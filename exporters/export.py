@@ -267,7 +267,7 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
 def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
     """(manifest entry, bytes, report) of ``uncertainty.bin``, or Nones without point scope."""
     from edge_sdk import bundle as B
-    from edge_sdk.uncertainty import FILE_NAME
+    from edge_sdk.answers.uncertainty import FILE_NAME
     from exporters.uncertainty import bank_rows, fit_uncertainty
 
     points = {width_key(r["width"]): (r["id"], out_cfg.bufs[r["id"]][0])

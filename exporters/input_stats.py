@@ -1,5 +1,5 @@
 """Fit the manifest's ``input_stats`` (schema version 6, issue 34) from the training split's raw
-NHWC samples: what :mod:`edge_sdk.input_stats` checks each call against (the rule is stated
+NHWC samples: what :mod:`edge_sdk.inputs.stats` checks each call against (the rule is stated
 there). numpy only, chunked (a CIFAR-sized split never makes a full float64 copy).
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from edge_sdk.bundle import SCOPES
 from edge_sdk.errors import ConfigError
 from exporters.configs import store_width

@@ -3,7 +3,7 @@ lowering and one writer").
 
 The model is traced with :func:`torch.fx` (each :class:`trainer.layers.BayesNestedLayer` is one
 leaf: its sampling and masking branches are not traced), and every node becomes TFLite ops in an
-:class:`edge_sdk.graph_build.GraphBuilder`: nothing here knows a model class, so any network
+:class:`edge_sdk.tflite.build.GraphBuilder`: nothing here knows a model class, so any network
 built from the supported nodes exports. Activations are NCHW in torch and NHWC in the graph;
 a value flattened from a spatial map carries the (H, W, C) it came from, so the fully connected
 layer reading it permutes its weight columns from torch's (C, H, W) order.
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import QUANT_AXIS, tflite_weight
-from edge_sdk.graph_build import GraphBuilder
+from edge_sdk.tflite.graph import QUANT_AXIS, tflite_weight
+from edge_sdk.tflite.build import GraphBuilder
 from exporters.weights import LayerWeights
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear
 from exporters.lowering_ops import _V, _fusable, _Ops, _pair
@@ -196,8 +196,8 @@ class _Lowering(_Ops):
     def _weight(self, node: fx.Node, layer: BayesNestedLayer, kind: str,
                 flat_hw: tuple[int, int] | None = None) -> tuple[str, str]:
         """The layer's filter (int8 + DEQUANTIZE, int8 for hybrid, or float) and bias tensors;
-        the layout transform is :func:`edge_sdk.graph.tflite_weight` (shared with the store's
-        materialiser), int8 scales along :data:`edge_sdk.graph.QUANT_AXIS`."""
+        the layout transform is :func:`edge_sdk.tflite.graph.tflite_weight` (shared with the store's
+        materialiser), int8 scales along :data:`edge_sdk.tflite.graph.QUANT_AXIS`."""
         name = node.target
         axis = QUANT_AXIS[kind]
 

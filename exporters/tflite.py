@@ -2,8 +2,8 @@
 
 :func:`export_point_slice` lowers the model's fx graph (:mod:`exporters.lowering`) with its
 folded, routed weights (:mod:`exporters.weights`) into a graph description
-(:mod:`edge_sdk.graph`) and writes it with the device-side writer
-(:mod:`edge_sdk.tflite_writer`): one lowering and one writer for every architecture (issue 20).
+(:mod:`edge_sdk.tflite.graph`) and writes it with the device-side writer
+(:mod:`edge_sdk.tflite.writer`): one lowering and one writer for every architecture (issue 20).
 Weight routes: int8 per-channel + DEQUANTIZE (exact, the default), hybrid (int8 filters
 straight into CONV_2D / FULLY_CONNECTED) or float32.
 """
@@ -13,11 +13,11 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from edge_sdk.backends.tflite_model import _Reader
+from edge_sdk.tflite.model_info import _Reader
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import Graph, graph_stats as _graph_stats
-from edge_sdk.graph_build import GraphBuilder
-from edge_sdk.tflite_writer import BUILTIN_CODES, write_tflite
+from edge_sdk.tflite.graph import Graph, graph_stats as _graph_stats
+from edge_sdk.tflite.build import GraphBuilder
+from edge_sdk.tflite.writer import BUILTIN_CODES, write_tflite
 from exporters.lowering import lower
 from exporters.weights import (ChannelQuant, LayerWeights, QuantizedTensor, prepare_weights,
                                quantize_per_channel)
@@ -32,7 +32,7 @@ SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 # (issue 33) the second output: the final linear classifier's input, [N, D], read by the
-# device's out-of-distribution score (edge_sdk.uncertainty)
+# device's out-of-distribution score (edge_sdk.answers.uncertainty)
 FEATURES_NAME = "features"
 _OP_NAMES = {v: k for k, v in BUILTIN_CODES.items()}
 _WEIGHTED = (BUILTIN_CODES["CONV_2D"], BUILTIN_CODES["DEPTHWISE_CONV_2D"],
@@ -40,7 +40,7 @@ _WEIGHTED = (BUILTIN_CODES["CONV_2D"], BUILTIN_CODES["DEPTHWISE_CONV_2D"],
 
 
 def graph_stats(graph: Graph | bytes) -> dict:
-    """MACs, parameters and op counts of a graph description (:func:`edge_sdk.graph.graph_stats`)
+    """MACs, parameters and op counts of a graph description (:func:`edge_sdk.tflite.graph.graph_stats`)
     or of written ``.tflite`` bytes (read back with the runtime's stdlib reader, the same
     rules: conv ``H_out W_out C_out kh kw C_in``, depthwise ``H_out W_out C kh kw``, fully
     connected ``in x out`` per row; parameters = filter + bias elements)."""

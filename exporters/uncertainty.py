@@ -13,7 +13,7 @@ Per width, through that width's exported point slice (its second output, the fea
 - the threshold: the score below which 95 % of the *validation* images fall.
 
 Per configuration: split-conformal quantiles of its calibrated validation probabilities for
-LAC, APS and RAPS at every alpha of :data:`edge_sdk.uncertainty.ALPHAS`; per two-stage
+LAC, APS and RAPS at every alpha of :data:`edge_sdk.answers.uncertainty.ALPHAS`; per two-stage
 cascade plan, the same for the plan's composite answer (the first configuration's
 probabilities where it is confident enough, the second's elsewhere), so a cascade's sets are
 calibrated for what the cascade answers.
@@ -31,12 +31,12 @@ from typing import Mapping, Sequence
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
-from edge_sdk import metrics as M
-from edge_sdk.conformal import METHODS, calibrate, class_scores
+from edge_sdk.answers import metrics as M
+from edge_sdk.answers.conformal import METHODS, calibrate, class_scores
 from edge_sdk.errors import ConfigError
-from edge_sdk.ood import l2_normalise
+from edge_sdk.answers.ood import l2_normalise
 from edge_sdk.store import Store, compress_store, encode_store
-from edge_sdk.uncertainty import (ALPHAS, BANK_SCALE, INDEX_VERSION, Uncertainty, WidthStats,
+from edge_sdk.answers.uncertainty import (ALPHAS, BANK_SCALE, INDEX_VERSION, Uncertainty, WidthStats,
                                   cascade_key, decode_bank)
 
 __all__ = ["REPORT_ALPHAS", "bank_rows", "fit_uncertainty", "run_outputs"]

@@ -17,7 +17,7 @@ pytest.importorskip("setuptools", minversion="70.1")  # bdist_wheel built in (th
 from packaging.requirements import Requirement  # noqa: E402 (pytest's own dependency)
 
 import edge_sdk  # noqa: E402
-from edge_sdk import cli  # noqa: E402
+from edge_sdk.cli import main as cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE, WORKSTATION = "nested-edge-sdk", "nested-edge-sdk-workstation"
@@ -203,4 +203,4 @@ def test_the_public_api_is_named_and_importable_from_edge_sdk():
                if inspect.isclass(v) and issubclass(v, Exception) and v.__module__ == errors.__name__}
     assert defined <= set(edge_sdk.__all__), defined - set(edge_sdk.__all__)
     assert issubclass(edge_sdk.BackendError, edge_sdk.EdgeSdkError)
-    assert edge_sdk.load.__module__ == "edge_sdk.runtime"
+    assert edge_sdk.load.__module__ == "edge_sdk.runtime.model"

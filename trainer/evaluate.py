@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_sdk import metrics
+from edge_sdk.answers import metrics
 from trainer.data import calibration_subset
 from trainer.device import as_channels_last, model_device
 from trainer.models import NestedModel

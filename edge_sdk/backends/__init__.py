@@ -6,7 +6,7 @@ else ``auto`` = the first installed of LiteRT, tflite-runtime. With none usable,
 ``load()`` raises :class:`BackendError` in one line saying what to install.
 
 A backend is also refused for a bundle it is known to compute wrongly, rather than letting it
-answer: :func:`check_bundle` reads the operators of every file (:mod:`.tflite_model`) against
+answer: :func:`check_bundle` reads the operators of every file (:mod:`edge_sdk.tflite.model_info`) against
 :data:`KNOWN_WRONG`. And a model its op resolver does not know (a too-new op version) fails at
 interpreter creation as a :class:`BackendError` naming the file, not as a bare ``ValueError``.
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_sdk.backends.tflite_model import FULLY_CONNECTED, OpInfo, read_ops
+from edge_sdk.tflite.model_info import FULLY_CONNECTED, OpInfo, read_ops
 from edge_sdk.errors import AllocationError, EdgeSdkError
 
 if TYPE_CHECKING:  # edge_sdk.bundle imports the runtime's pieces; only its types here
@@ -306,7 +306,7 @@ def check_bundle(bundle_dir: str | os.PathLike[str], manifest: Manifest, backend
     ``interp_cls`` too, every slice must also parse (:func:`check_parses`). ``stand_ins``
     (file name -> a name in ``blobs``): a store bundle checks one materialised slice per
     distinct graph, which stands for the files that differ from it only in weight values
-    (:mod:`edge_sdk.bundle.materialized`)."""
+    (:mod:`edge_sdk.store.sources`)."""
     if stand_ins is not None and blobs is not None and interp_cls is not None:
         # one pass, each checked slice looked up once (a store bundle materialises it on
         # lookup, under its memory cap): its known-wrong rules, then (if none) its parse

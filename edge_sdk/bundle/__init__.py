@@ -66,7 +66,7 @@ of docs/store.md §5; version 2 is version 3 without ``layout``, ``store``,
       - {width: '0.50', sample: null, heads: 8}   # file with the files as entries; read, and
                                       # written as the slices table + names)
     graphs: {'0.50': {...}}           # layout store only: width key -> the width's point graph
-                                      # description (edge_sdk.graph.Graph.to_dict, weights by
+                                      # description (edge_sdk.tflite.graph.Graph.to_dict, weights by
                                       # reference, int8 scales filled at materialisation)
 
 Every record is a frozen dataclass validated on construction; ``from_dict`` raises

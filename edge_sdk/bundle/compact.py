@@ -34,7 +34,7 @@ from edge_sdk.validation import (
 
 
 def _graphs(value: object, path: str) -> dict[str, dict[str, Any]]:
-    """Width key -> a graph description (edge_sdk.graph.Graph.to_dict; checked in full when a
+    """Width key -> a graph description (edge_sdk.tflite.graph.Graph.to_dict; checked in full when a
     slice is materialised from it): plain data, one node budget for all of them. A width's
     entry may instead be ``{base: <width key>, shapes: [...], options: {out: {...}}}``: the
     graph of ``base`` (an entry written in full) with every tensor's shape replaced, in tensor
@@ -53,7 +53,7 @@ def _graphs(value: object, path: str) -> dict[str, dict[str, Any]]:
         for part in ("tensors", "ops", "inputs", "outputs"):
             if not isinstance(g.get(part), list):
                 fail(join(p, part), "missing or not a list (a graph description: "
-                                    "edge_sdk.graph.Graph.to_dict)")
+                                    "edge_sdk.tflite.graph.Graph.to_dict)")
         out[str(key)] = g
     for key, graph in given.items():
         if "base" not in graph:

@@ -85,7 +85,7 @@ class Manifest(_Record):
     # width key -> the width's point graph description, weights by reference (store layout)
     graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # (schema version 5, issue 33) ``uncertainty.bin``: out-of-distribution statistics and
-    # conformal quantiles (edge_sdk.uncertainty), {name, sha256, bytes}, verified like the
+    # conformal quantiles (edge_sdk.answers.uncertainty), {name, sha256, bytes}, verified like the
     # weights in both layouts; None: the bundle has none (answers carry ood_score None)
     uncertainty: StoreEntry | None = None
     # (schema version 6, issue 34) the training split's per-channel raw statistics

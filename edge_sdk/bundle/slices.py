@@ -3,15 +3,15 @@
 Only verified bytes ever run. :func:`read_slices` reads every file of a bundle **once**, checks
 its size and sha256 on those very bytes (:func:`verify_bytes`) and that it is a TFLite model
 whose input and output tensors are the ones the manifest promises (:func:`check_slice`, which
-parses the whole graph back first: :mod:`edge_sdk.tflite_reader`); the runtime then builds
+parses the whole graph back first: :mod:`edge_sdk.tflite.reader`); the runtime then builds
 interpreters from these bytes (``model_content=``), never from the path again, so a file
 swapped after ``load()`` (or re-read after LRU eviction, or in a new thread) cannot run.
 Anything that builds an interpreter from bytes made elsewhere (e.g. slices materialised in
-memory, :mod:`edge_sdk.bundle.materialized`) calls :func:`verify_bytes` and :func:`check_slice`
+memory, :mod:`edge_sdk.store.sources`) calls :func:`verify_bytes` and :func:`check_slice`
 on them the same way.
 
-stdlib + numpy (the ``.tflite`` readers: :mod:`edge_sdk.backends.tflite_model`,
-:mod:`edge_sdk.tflite_reader`).
+stdlib + numpy (the ``.tflite`` readers: :mod:`edge_sdk.tflite.model_info`,
+:mod:`edge_sdk.tflite.reader`).
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ import hashlib
 import os
 from pathlib import Path
 
-from edge_sdk.backends.tflite_model import IOTensor, read_io
+from edge_sdk.tflite.model_info import IOTensor, read_io
 from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.reading import PathLike, resolve_file
 from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import FileEntry
 from edge_sdk.errors import BundleError, ChecksumMismatchError
-from edge_sdk.tflite_reader import read_graph
+from edge_sdk.tflite.reader import read_graph
 
 __all__ = ["check_slice", "read_slices", "verify_bytes"]
 
@@ -134,7 +134,7 @@ def read_slices(bundle_dir: PathLike, manifest: Manifest) -> dict[str, bytes]:
     if getattr(manifest, "is_store", False):
         store = "its weight store" if manifest.store is None else manifest.store.name
         raise BundleError(f"{root}: a store bundle (layout 'store'): its files are materialised "
-                          f"from {store}, not read (edge_sdk.bundle.materialized."
+                          f"from {store}, not read (edge_sdk.store.sources."
                           f"open_slices, or edge-sdk materialize for a files bundle)")
     blobs: dict[str, bytes] = {}
     for entry in manifest.file_entries():

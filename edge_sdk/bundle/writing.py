@@ -163,7 +163,7 @@ def write_bundle(
     """Write ``manifest`` and ``files`` (name -> bytes) as the bundle directory ``bundle_dir``.
 
     ``sign`` (issue 36): manifest bytes -> the signature file's bytes
-    (:func:`edge_sdk.signing.signer`); the signature is written inside the same atomic write,
+    (:func:`edge_sdk.trust.signing.signer`); the signature is written inside the same atomic write,
     so a signed bundle never exists unsigned, even for a moment.
 
     ``files`` must hold exactly the files the manifest lists (layout store: only the weight
@@ -181,7 +181,7 @@ def write_bundle(
     text = manifest_to_yaml(manifest)
     blobs = _checked_files(manifest, files)
     if sign is not None:
-        from edge_sdk.signing import SIGNATURE_NAME
+        from edge_sdk.trust.signing import SIGNATURE_NAME
 
         blobs = {**blobs, SIGNATURE_NAME: sign(text.encode("utf-8"))}
     target = Path(os.path.abspath(os.fspath(bundle_dir)))

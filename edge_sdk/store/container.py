@@ -37,7 +37,7 @@ issue 21's 1.6x of the full-width point slice's ``.tflite`` (1.80x / 1.69x -> 1.
 exporter writes version 2 whenever it is smaller (``encode_store(compress=True)``); version 1
 stays the default of :func:`encode_store` and is read as before. Integrity: a bundle's manifest
 lists the sha256 of the file's bytes, the *compressed* ones, and the reader checks it before a
-byte is decompressed (``edge_sdk.bundle.materialized.read_store``); zlib's adler32 of the
+byte is decompressed (``edge_sdk.store.sources.read_store``); zlib's adler32 of the
 inflated bytes is a second check. Decompression is bounded: never more than ``inner_length``
 + 1 bytes are produced, a declared length above ``MAX_INNER_BYTES`` is refused before any
 work, and a truncated stream, bytes after it, a length other than the declared one or a

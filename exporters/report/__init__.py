@@ -11,7 +11,7 @@
 - :mod:`exporters.report.uncertainty`: the OOD score and conformal sets per width (issue 33).
 
 The maths they share with the exporter and the runtime (temperature-averaged probabilities,
-risk–coverage, reliability bins) lives in :mod:`edge_sdk.metrics`; ``risk_coverage``,
+risk–coverage, reliability bins) lives in :mod:`edge_sdk.answers.metrics`; ``risk_coverage``,
 ``selective_accuracy`` and ``RiskCoverage`` are re-exported here.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 from edge_sdk.bundle import read_manifest
 from edge_sdk.errors import ConfigError
-from edge_sdk.metrics import RiskCoverage, risk_coverage, selective_accuracy
-from edge_sdk.policy import Policy
+from edge_sdk.answers.metrics import RiskCoverage, risk_coverage, selective_accuracy
+from edge_sdk.policy.policy import Policy
 from exporters.report.data import ConfigResult, EvalData, evaluate_configuration, load_eval_data
 from exporters.report.figures import (  # noqa: F401  (the helpers tests draw with, too)
     DPI, FEW_BIN_SAMPLES, _figure, _reliability_cell, _trace_figure, _width_figure,

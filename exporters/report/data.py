@@ -134,7 +134,7 @@ def _config_logits(bundle_dir: Path, config: Configuration, xs: np.ndarray) -> n
     """[S, N, C] logits of ``config`` on NHWC inputs, through the interpreter; a store bundle's
     files are materialised from its verified store (issue 21)."""
     from edge_sdk.bundle import MANIFEST_NAME, read_manifest
-    from edge_sdk.bundle.materialized import open_slices
+    from edge_sdk.store.sources import open_slices
     from exporters.export import slice_logits
 
     key = str(Path(bundle_dir).resolve())

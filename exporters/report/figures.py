@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from edge_sdk.bundle import SCOPES, Manifest
-from edge_sdk.metrics import risk_coverage, selective_accuracy
+from edge_sdk.answers.metrics import risk_coverage, selective_accuracy
 from exporters.report.data import ConfigResult
 from exporters.report.files import atomic_write
 from exporters.report.trace import phases, validate_trace

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.bundle import Manifest
-from edge_sdk.metrics import selective_accuracy
+from edge_sdk.answers.metrics import selective_accuracy
 from exporters.report.data import ConfigResult, EvalData
 from exporters.report.figures import FEW_BIN_SAMPLES
 from exporters.report.trace import trace_summary

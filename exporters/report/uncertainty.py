@@ -2,7 +2,7 @@
 (and the OOD data, when there is some) and the conformal sets' coverage against their size.
 
 Everything is recomputed through the bundle's own slices (their features output) and its own
-``uncertainty.bin`` (:class:`edge_sdk.uncertainty.Uncertainty`), so the figures are what the
+``uncertainty.bin`` (:class:`edge_sdk.answers.uncertainty.Uncertainty`), so the figures are what the
 runtime answers; the probabilities are the report's recomputed ones (``ConfigResult.probs``).
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Mapping
 
 import numpy as np
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from edge_sdk.bundle import Manifest
-from edge_sdk.uncertainty import ALPHAS, Uncertainty
+from edge_sdk.answers.uncertainty import ALPHAS, Uncertainty
 
 REPORT_ALPHAS = (0.05, 0.1, 0.2)
 
@@ -32,7 +32,7 @@ class WidthUncertainty:
 
 
 def _slice_source(bundle: Path, manifest: Manifest):
-    from edge_sdk.bundle.materialized import open_slices
+    from edge_sdk.store.sources import open_slices
 
     return open_slices(bundle, manifest)
 

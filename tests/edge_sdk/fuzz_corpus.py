@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.bundle import read_manifest
-from edge_sdk.flatbuffer_view import Flat
+from edge_sdk.tflite.flatbuffer import Flat
 from fuzz_inputs import api_cases, manifest_cases, store_cases
 from fuzz_server import (  # noqa: F401 - the corpus's one import for tests and benchmarks
     OUTCOMES,
@@ -91,7 +91,7 @@ class Anatomy:
 
 
 def anatomy(blob: bytes) -> Anatomy:
-    from edge_sdk.tflite_writer import BUILTIN_CODES, TENSOR_TYPES
+    from edge_sdk.tflite.writer import BUILTIN_CODES, TENSOR_TYPES
 
     code_name = {v: k for k, v in BUILTIN_CODES.items()}
     type_name = {v: k for k, v in TENSOR_TYPES.items()}

@@ -129,7 +129,7 @@ def api_cases(data: dict, name: str, blob: bytes) -> list[Case]:
     def npy(raw: bytes):
         def run(d):
             from edge_sdk.bundle import read_manifest as rm
-            from edge_sdk.input_files import read_input
+            from edge_sdk.inputs.files import read_input
 
             (d / "x.npy").write_bytes(raw)
             return classify(load_and_predict(d, read_input(str(d / "x.npy"),

@@ -162,7 +162,7 @@ def run_corpus(cases: list[Case], work: Path, progress: Callable[[int], None] | 
     """Every case in its own forked child, one after another (this process imports the
     runtime and the interpreter once, so a child costs a fork, not an interpreter start)."""
     import edge_sdk.backends as backends
-    import edge_sdk.runtime  # noqa: F401 - imported once, before the forks
+    import edge_sdk.runtime.model  # noqa: F401 - imported once, before the forks
 
     backends.interpreter_class()  # the backend module imported, its banner spent once
     work.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """EdgeModel._answer (the inlined softmax / entropy / MI on the hot path) against
-edge_sdk.metrics, and pinned predict() feeding the latency EWMA. Real bundle, no torch."""
+edge_sdk.answers.metrics, and pinned predict() feeding the latency EWMA. Real bundle, no torch."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +14,8 @@ from runtime_support import invoke_clock
 from test_policy import FakeClock
 
 import edge_sdk
-from edge_sdk import metrics as M
-from edge_sdk.policy import Budget, MemoryProbe, Policy
+from edge_sdk.answers import metrics as M
+from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
 
 PLENTY_MB = 1e6
 
@@ -26,7 +26,7 @@ def model(bundle):
 
 
 def reference(logits: np.ndarray, temperature: float):
-    """probs [C], predictive entropy and MI, by edge_sdk.metrics in float64."""
+    """probs [C], predictive entropy and MI, by edge_sdk.answers.metrics in float64."""
     p_s = M.softmax(logits.astype(np.float64), temperature=temperature)  # [S, C]
     per_input = p_s[:, None, :]  # [S, N=1, C]
     return (p_s.mean(0), float(M.predictive_entropy(per_input)[0]),
@@ -145,8 +145,8 @@ def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
 
 
 def _lean(model, c, logits):
-    from edge_sdk.answer_maths import point_top, rows_top
-    from edge_sdk.prediction import lean_answer
+    from edge_sdk.answers.maths import point_top, rows_top
+    from edge_sdk.answers.prediction import lean_answer
 
     if len(logits) == 1:
         label, conf, lazy = point_top(c, logits)
@@ -161,7 +161,7 @@ def _lean(model, c, logits):
                         hnp.arrays(np.float32, (4, CLASSES), elements=finite)),
        t=temperatures)
 def test_a_lean_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
-    from edge_sdk.answer_maths import probabilities
+    from edge_sdk.answers.maths import probabilities
 
     c = dataclasses.replace(model.manifest.configurations[0], temperature=t)
     probs, entropy, mi, label, conf = probabilities(c, logits)
@@ -172,7 +172,7 @@ def test_a_lean_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
     assert np.array_equal(lean.probs, np.array(probs))
     assert (lean.entropy, lean.mutual_info) == (entropy, mi)
     assert not lean.probs.flags.writeable
-    ref_p, ref_h, ref_mi = reference(logits, t)  # and both agree with edge_sdk.metrics
+    ref_p, ref_h, ref_mi = reference(logits, t)  # and both agree with edge_sdk.answers.metrics
     np.testing.assert_allclose(lean.probs, ref_p, rtol=0, atol=1e-12)
     assert lean.entropy == pytest.approx(ref_h, abs=1e-9)
     assert lean.mutual_info == pytest.approx(ref_mi, abs=1e-9)
@@ -181,12 +181,12 @@ def test_a_lean_answer_equals_the_eager_one_bit_for_bit(model, logits, t):
 def test_a_row_that_underflows_under_the_global_shift_takes_the_exact_path(model):
     """Rows 1,600 apart at T = 0.1: shifted by the global maximum the low row's exps are all
     0, so rows_top declines and probabilities() shifts each row by its own maximum."""
-    from edge_sdk.answer_maths import rows_top
+    from edge_sdk.answers.maths import rows_top
 
     logits = np.array([[80.0] + [0.0] * (CLASSES - 1), [-80.0] * CLASSES], np.float32)
     c = dataclasses.replace(model.manifest.configurations[0], temperature=0.1)
     assert rows_top(c, logits) is None
-    ans = check(model, logits, 0.1)  # against edge_sdk.metrics
+    ans = check(model, logits, 0.1)  # against edge_sdk.answers.metrics
     assert ans.label == 0
 
 

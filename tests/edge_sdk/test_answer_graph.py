@@ -1,6 +1,6 @@
-"""edge_sdk.answer_graph: the runtime's graph of a slice, run by the real interpreter. Fed raw
+"""edge_sdk.answers.graph: the runtime's graph of a slice, run by the real interpreter. Fed raw
 samples (uint8 or float32), it normalises them as numpy does, bit for bit; the appended answer
-is the float64 maths of edge_sdk.metrics to float32 precision, leaves the logits bit-identical,
+is the float64 maths of edge_sdk.answers.metrics to float32 precision, leaves the logits bit-identical,
 marks every non-finite logit with a NaN, and survives a batch resize; the runtime answers
 through it for point and head slices only, and feeds every slice raw samples. No torch."""
 from __future__ import annotations
@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import edge_sdk
-from edge_sdk import metrics as M
-from edge_sdk.answer_graph import ANSWER, RAW_INPUT, RawInput, runtime_graph, with_answer
+from edge_sdk.answers import metrics as M
+from edge_sdk.answers.graph import ANSWER, RAW_INPUT, RawInput, runtime_graph, with_answer
 from edge_sdk.errors import SliceError
-from edge_sdk.tflite_reader import read_graph
+from edge_sdk.tflite.reader import read_graph
 from edge_sdk.backends import interpreter_class
-from edge_sdk.graph_build import GraphBuilder
+from edge_sdk.tflite.build import GraphBuilder
 
 CLASSES = 10
 PLENTY_MB = 1e6

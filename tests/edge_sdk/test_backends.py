@@ -15,7 +15,8 @@ import pytest
 
 import edge_sdk
 from edge_sdk import backends
-from edge_sdk.backends import ENV_VAR, BackendError, tflite_model
+from edge_sdk.backends import ENV_VAR, BackendError
+from edge_sdk.tflite import model_info as tflite_model
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, file_entry, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BundleError, EdgeSdkError
 
@@ -279,7 +280,7 @@ def test_load_refuses_a_bundle_its_backend_would_answer_wrongly(bundle, tmp_path
 
 
 def test_profile_measurement_refuses_it_too(bundle, tmp_path, monkeypatch):
-    from edge_sdk.profiles import measure_profile
+    from edge_sdk.policy.profiles import measure_profile
 
     copy, _ = _with_hybrid_file(bundle, tmp_path / "b", 12)
     if "tflite-runtime" not in USABLE:

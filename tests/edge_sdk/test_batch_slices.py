@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import edge_sdk
-from edge_sdk.backends.tflite_model import _Reader
+from edge_sdk.tflite.model_info import _Reader
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, file_entry, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BundleError
 

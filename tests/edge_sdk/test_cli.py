@@ -1,4 +1,4 @@
-"""edge_sdk.cli: lazy dispatch through entry points, error reporting, and no torch."""
+"""edge_sdk.cli.main: lazy dispatch through entry points, error reporting, and no torch."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import edge_sdk
-from edge_sdk import cli
+from edge_sdk.cli import main as cli
 from edge_sdk.errors import BudgetError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -203,11 +203,11 @@ def test_runtime_imports_without_torch() -> None:
         sys.meta_path.insert(0, BlockTorch())
 
         import edge_sdk
-        import edge_sdk.cli
-        import edge_sdk.metrics
+        import edge_sdk.cli.main
+        import edge_sdk.answers.metrics
 
-        edge_sdk.metrics.summarize([[0.9, 0.1], [0.2, 0.8]], [0, 1])
-        assert edge_sdk.cli.main(["--help"]) == 0  # lists the real commands without loading them
+        edge_sdk.answers.metrics.summarize([[0.9, 0.1], [0.2, 0.8]], [0, 1])
+        assert edge_sdk.cli.main.main(["--help"]) == 0  # lists the real commands without loading them
         forbidden = {"torch", "trainer", "exporters"}
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in forbidden)
         assert not loaded, loaded
@@ -249,7 +249,7 @@ def test_help_gives_one_line_per_command_saying_what_it_does(
 def test_help_into_a_closed_pipe_ends_quietly() -> None:
     """`edge-sdk --help | head -1`: the reader is gone before the writer finishes; no
     BrokenPipeError traceback, the SIGPIPE exit code."""
-    script = ("import sys, edge_sdk.cli as c, os\n"
+    script = ("import sys, edge_sdk.cli.main as c, os\n"
               "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
               "sys.stdout = open(1, 'w', closefd=False)\n"
               "sys.exit(c.main(['--help']))\n")
@@ -345,7 +345,7 @@ def test_bench_and_profile_run_on_every_kind_of_bundle(
 def test_bench_input_has_the_declared_dtype_and_range() -> None:
     from types import SimpleNamespace
 
-    from edge_sdk.commands import bench_input
+    from edge_sdk.cli.device import bench_input
 
     u8 = bench_input(SimpleNamespace(dtype="uint8", value_range=(0.0, 255.0),
                                      shape=(1, 32, 32, 3)))

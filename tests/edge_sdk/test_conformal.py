@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_sdk import conformal as CF
+from edge_sdk.answers import conformal as CF
 from edge_sdk.errors import InputError
 
 

@@ -1,5 +1,5 @@
 """Inputs unlike the training data (issue 34, goal 4): the manifest's ``input_stats`` (schema
-version 6), :class:`edge_sdk.input_stats.SuspectCheck` and ``Prediction.input_suspect`` on the
+version 6), :class:`edge_sdk.inputs.stats.SuspectCheck` and ``Prediction.input_suspect`` on the
 session's digits bundle (trained on scikit-learn's digits, raw values 0..16)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import edge_sdk
 from edge_sdk.bundle import InputStats, Manifest, read_manifest
 from edge_sdk.errors import BundleError, InputError
-from edge_sdk.input_stats import SuspectCheck
+from edge_sdk.inputs.stats import SuspectCheck
 
 
 def _stats(channels=1, mean=(2.0, 6.0), top=(14.0, 16.0), margin=1.0) -> InputStats:

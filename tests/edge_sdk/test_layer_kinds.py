@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import backends
-from edge_sdk.backends import tflite_model
+from edge_sdk.tflite import model_info as tflite_model
 
 DATA = Path(__file__).resolve().parent / "data"
 NPZ = DATA / "layer_kinds.npz"

@@ -1,4 +1,4 @@
-"""docs/manifest.schema.json is generated from the bundle dataclasses (edge_sdk.manifest_schema),
+"""docs/manifest.schema.json is generated from the bundle dataclasses (edge_sdk.trust.schema),
 the committed copy is current, a manifest the exporter wrote validates against it, and what it
 constrains is what edge_sdk.bundle refuses. No torch (the bundle fixture reuses a bundle when
 one is provided)."""
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from edge_sdk import bundle as b
-from edge_sdk import manifest_schema as ms
+from edge_sdk.trust import schema as ms
 from edge_sdk.errors import BundleError
 from test_bundle import manifest_dict
 
@@ -26,13 +26,13 @@ COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "manifest.schema.json
 
 
 def test_the_committed_schema_is_the_generated_one():
-    assert COMMITTED.is_file(), "write it: python -m edge_sdk.manifest_schema"
+    assert COMMITTED.is_file(), "write it: python -m edge_sdk.trust.schema"
     assert COMMITTED.read_text() == ms.schema_text(), \
-        "docs/manifest.schema.json is stale: python -m edge_sdk.manifest_schema"
+        "docs/manifest.schema.json is stale: python -m edge_sdk.trust.schema"
 
 
 def test_the_check_command_agrees(tmp_path):
-    check = [sys.executable, "-m", "edge_sdk.manifest_schema", "--check", "--out"]
+    check = [sys.executable, "-m", "edge_sdk.trust.schema", "--check", "--out"]
     r = subprocess.run([*check, str(COMMITTED)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "up to date" in r.stdout
@@ -44,7 +44,7 @@ def test_the_check_command_agrees(tmp_path):
 
 
 def test_in_a_checkout_it_writes_the_committed_file_by_default():
-    if not (COMMITTED.parents[1] / "edge_sdk" / "manifest_schema.py").samefile(ms.__file__):
+    if not (COMMITTED.parents[1] / "edge_sdk" / "trust" / "schema.py").samefile(ms.__file__):
         pytest.skip("edge_sdk is the installed wheel here")
     assert ms.SCHEMA_PATH == COMMITTED
 

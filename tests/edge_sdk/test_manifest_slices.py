@@ -184,7 +184,7 @@ def test_what_the_compact_form_cannot_say_is_written_out():
 
 
 def test_the_compact_form_validates_against_the_json_schema():
-    import edge_sdk.manifest_schema as ms
+    import edge_sdk.trust.schema as ms
 
     assert ms.validate(Manifest.from_dict(rich()).to_dict()) == []
     assert ms.validate(compact()) == []

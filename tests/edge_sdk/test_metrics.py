@@ -1,4 +1,4 @@
-"""edge_sdk.metrics: hand-computed values, properties against brute force, input errors."""
+"""edge_sdk.answers.metrics: hand-computed values, properties against brute force, input errors."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_sdk import metrics as m
+from edge_sdk.answers import metrics as m
 from edge_sdk.errors import InputError
 
 # Three samples, two classes. Predictions 0, 0, 1 -> correct, wrong, correct.

@@ -1,4 +1,4 @@
-"""edge_sdk.policy: Budget, MemoryProbe and the selection rule, on fake configurations.
+"""edge_sdk.policy.policy: Budget, MemoryProbe and the selection rule, on fake configurations.
 
 Pure unit tests: fake configurations built through the bundle schema, an injected memory
 reader and a fake clock. Must not import torch, the trainer or the exporters.
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from edge_sdk.bundle import Configuration
 from edge_sdk.errors import BudgetError
-from edge_sdk.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
 
 LABELS = 3
 PLENTY_MB = 1e9

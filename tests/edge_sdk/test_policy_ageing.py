@@ -1,4 +1,4 @@
-"""edge_sdk.policy: measured latencies age toward the prior (half-life), on a fake clock.
+"""edge_sdk.policy.policy: measured latencies age toward the prior (half-life), on a fake clock.
 
 Pure unit tests on fake configurations (helpers from test_policy). No torch.
 """
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_policy import FakeClock, config, policy
 
-from edge_sdk.policy import Budget
+from edge_sdk.policy.policy import Budget
 
 HALF_LIFE = 10.0
 

@@ -1,4 +1,4 @@
-"""edge_sdk.policy.Policy.plan: the policy owns the whole decision (the choice and, for the
+"""edge_sdk.policy.policy.Policy.plan: the policy owns the whole decision (the choice and, for the
 cascade, its stages); the runtime only executes the stages. Pure: fake configurations and
 clock, no interpreter."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from test_policy import FakeClock, config
 
 from edge_sdk.errors import BudgetNotMetError, ConfigError
-from edge_sdk.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
 
 
 def ladder(plans: bool):

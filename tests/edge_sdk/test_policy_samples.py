@@ -10,7 +10,7 @@ import hashlib
 import pytest
 
 from edge_sdk.bundle import Configuration
-from edge_sdk.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
 
 LABELS = 3
 WIDTHS = (0.25, 0.5, 0.75, 1.0)

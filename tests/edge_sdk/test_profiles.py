@@ -1,4 +1,4 @@
-"""edge_sdk.profiles: the device-profile schema, the latency estimate, the cache, and how the
+"""edge_sdk.policy.profiles: the device-profile schema, the latency estimate, the cache, and how the
 runtime turns a profile into the policy's priors. Must not import torch (the device-side run)."""
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import edge_sdk
-from edge_sdk import profiles as P
+from edge_sdk.policy import profiles as P
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
-from edge_sdk.commands import profile_main
+from edge_sdk.cli.device import profile_main
 from edge_sdk.errors import ProfileError
-from edge_sdk.estimates import FALLBACK_GMACS, FALLBACK_OVERHEAD_MS
+from edge_sdk.policy.estimates import FALLBACK_GMACS, FALLBACK_OVERHEAD_MS
 
 REQUIRED_BUILTINS = ("raspberry_pi_4", "raspberry_pi_5", "jetson_orin_nano_cpu", "pixel_phone",
                      "x86_64_laptop")

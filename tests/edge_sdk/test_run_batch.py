@@ -11,7 +11,7 @@ import pytest
 
 import edge_sdk
 from edge_sdk.bundle import read_manifest
-from edge_sdk.commands import _is_batch, run_main
+from edge_sdk.cli.device import _is_batch, run_main
 from edge_sdk.errors import InputError
 
 

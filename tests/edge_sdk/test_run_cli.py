@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from edge_sdk.bundle import read_manifest
-from edge_sdk import cli
-from edge_sdk.cli import main
-from edge_sdk.commands import _read_input
+from edge_sdk.cli import main as cli
+from edge_sdk.cli.main import main
+from edge_sdk.cli.device import _read_input
 from edge_sdk.errors import InputError
 
 Image = pytest.importorskip("PIL.Image")  # a dev-extra dependency
@@ -21,7 +21,7 @@ EXIT_INVALID, EXIT_BUDGET_NOT_MET = 2, 3  # documented: README (CLI), `edge-sdk 
 
 def test_the_exit_codes_are_distinct_and_documented():
     assert (cli.EXIT_INVALID, cli.EXIT_BUDGET_NOT_MET) == (EXIT_INVALID, EXIT_BUDGET_NOT_MET)
-    from edge_sdk.commands import EXIT_CODES
+    from edge_sdk.cli.device import EXIT_CODES
     assert "2  invalid input" in EXIT_CODES and "3  --strict" in EXIT_CODES
 
 

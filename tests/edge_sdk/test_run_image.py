@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import edge_sdk
-from edge_sdk import commands
+from edge_sdk.cli import device as commands
 from edge_sdk.bundle import read_manifest
-from edge_sdk.commands import run_main
+from edge_sdk.cli.device import run_main
 from edge_sdk.errors import InputError
 
 Image = pytest.importorskip("PIL.Image")  # a dev-extra dependency
@@ -56,7 +56,7 @@ def test_an_image_of_the_input_size_matches_predicting_the_array(bundle, manifes
     (out,) = run_json([str(bundle), "--input", str(png), "--json"], capsys)
     assert out["class_name"] in manifest.labels
     assert manifest.labels[out["label"]] == out["class_name"]
-    # float32: the answer's softmax runs in the interpreter (edge_sdk.answer_graph)
+    # float32: the answer's softmax runs in the interpreter (edge_sdk.answers.graph)
     assert sum(out["probs"]) == pytest.approx(1.0, abs=1e-6)
 
     lo, hi = manifest.input.value_range

@@ -1,4 +1,4 @@
-"""edge_sdk.runtime end to end, on a real bundle exported from a tiny digits model trained here.
+"""edge_sdk.runtime.model end to end, on a real bundle exported from a tiny digits model trained here.
 
 Only the ``bundle`` fixture needs torch (it trains and exports); everything else runs on the
 device install. With ``EDGE_SDK_TEST_BUNDLE`` set, the fixture reuses the bundle at that path
@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import edge_sdk
-from edge_sdk import metrics as M
-from edge_sdk import runtime
+from edge_sdk.answers import metrics as M
+from edge_sdk.runtime import model as runtime
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BudgetError, BundleError, EdgeSdkError, InputError
-from edge_sdk.policy import Budget
+from edge_sdk.policy.policy import Budget
 from runtime_support import invoke_clock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -302,7 +302,7 @@ def test_prediction_fields_hold_for_every_configuration(model, manifest, xs):
             p = model.predict(x, config_id=c.id)
             probs = np.array(p.probs)
             assert probs.shape == (manifest.num_classes,) and (probs >= 0).all()
-            # float32: the answer's softmax runs in the interpreter (edge_sdk.answer_graph)
+            # float32: the answer's softmax runs in the interpreter (edge_sdk.answers.graph)
             assert probs.sum() == pytest.approx(1.0, abs=1e-6)
             assert p.confidence == probs.max()
             assert p.label == int(probs.argmax()) and isinstance(p.label, int)
@@ -328,7 +328,7 @@ def test_prediction_is_frozen(model, xs):
 
 
 def test_uncertainty_maths_match_edge_sdk_metrics(model, manifest, xs):
-    """The runtime inlines softmax / entropy / MI: check them against edge_sdk.metrics on the
+    """The runtime inlines softmax / entropy / MI: check them against edge_sdk.answers.metrics on the
     interpreter's own logits at the configuration's temperature."""
     sampled = [c for c in manifest.configurations if c.scope != "point"]
     assert sampled, "the bundle should have sampled configurations"
@@ -339,7 +339,7 @@ def test_uncertainty_maths_match_edge_sdk_metrics(model, manifest, xs):
             probs_s = M.softmax(logits.astype(np.float64), temperature=c.temperature)[:, None, :]
             p = model.predict(x, config_id=c.id)
             # point and head: the probabilities are the interpreter's float32 softmax
-            # (edge_sdk.answer_graph), the all scope's numpy's float64 one
+            # (edge_sdk.answers.graph), the all scope's numpy's float64 one
             tol = 1e-6 if c.scope in ("point", "head") else 1e-9
             assert p.probs == pytest.approx(probs_s.mean(0)[0].tolist(), abs=tol)
             assert p.entropy == pytest.approx(M.predictive_entropy(probs_s)[0], abs=tol)
@@ -684,7 +684,7 @@ def run_without_torch(code: str) -> subprocess.CompletedProcess:
 
 def test_runtime_imports_without_torch():
     res = run_without_torch("""
-        import edge_sdk, edge_sdk.runtime, edge_sdk.policy, edge_sdk.bundle
+        import edge_sdk, edge_sdk.runtime.model, edge_sdk.policy.policy, edge_sdk.bundle
         from edge_sdk import load, Budget, EdgeModel, Prediction
         assert "torch" not in sys.modules, sorted(m for m in sys.modules if "torch" in m)
         print("ok")

@@ -1,10 +1,10 @@
-"""The JSON Schema subset validator (edge_sdk.schema_check) on its own, apart from the
+"""The JSON Schema subset validator (edge_sdk.trust.schema_check) on its own, apart from the
 manifest's schema (tests/edge_sdk/test_manifest_schema.py runs it on that)."""
 import re
 
 import pytest
 
-from edge_sdk.schema_check import check
+from edge_sdk.trust.schema_check import check
 
 
 def test_json_equality_in_const_and_enum():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import edge_sdk
-from edge_sdk import cli
+from edge_sdk.cli import main as cli
 from edge_sdk.bundle import MANIFEST_NAME, read_manifest
 from edge_sdk.errors import (
     BundleError,
@@ -27,7 +27,7 @@ from edge_sdk.errors import (
     UnsignedBundleError,
     UntrustedKeyError,
 )
-from edge_sdk.signing import SIGNATURE_NAME
+from edge_sdk.trust.signing import SIGNATURE_NAME
 from test_store_runtime import fake  # noqa: F401 - the store bundle fixture
 
 HAVE_CRYPTO = True
@@ -55,7 +55,7 @@ def _x(bundle: Path) -> np.ndarray:
 def keys(tmp_path_factory):
     if not HAVE_CRYPTO:
         pytest.skip("cryptography is not installed")
-    from edge_sdk.signing import generate_keypair
+    from edge_sdk.trust.signing import generate_keypair
 
     d = tmp_path_factory.mktemp("keys")
     ours = generate_keypair(d / "team.pem")
@@ -66,7 +66,7 @@ def keys(tmp_path_factory):
 
 @pytest.fixture
 def signed(bundle, tmp_path, keys) -> Path:
-    from edge_sdk.signing import sign_bundle
+    from edge_sdk.trust.signing import sign_bundle
 
     b = _copy(bundle, tmp_path / "b")
     sign_bundle(b, keys["private"])
@@ -85,7 +85,7 @@ def test_keygen_writes_pkcs8_and_spki_pem_the_private_key_private(keys):
 
 @needs_crypto
 def test_the_signature_file_is_four_strict_lines_over_the_manifest_bytes(signed, keys):
-    from edge_sdk.signing import key_id, load_public_key
+    from edge_sdk.trust.signing import key_id, load_public_key
 
     lines = (signed / SIGNATURE_NAME).read_text("ascii").splitlines()
     assert lines[:2] == ["edge-sdk-signature: 1", "algorithm: ed25519"]
@@ -110,7 +110,7 @@ def test_a_signed_bundle_loads_with_its_key_and_answers_as_unsigned(bundle, sign
 
 @needs_crypto
 def test_re_signing_replaces_the_signature(signed, keys):
-    from edge_sdk.signing import sign_bundle
+    from edge_sdk.trust.signing import sign_bundle
 
     sign_bundle(signed, keys["other_private"])
     edge_sdk.load(signed, profile=None, trusted_keys=[keys["other_public"]])
@@ -177,7 +177,7 @@ def test_a_malformed_signature_file_is_typed(signed, keys, content):
 
 @needs_crypto
 def test_keys_of_the_wrong_kind_are_typed(signed, keys, tmp_path):
-    from edge_sdk.signing import sign_bundle
+    from edge_sdk.trust.signing import sign_bundle
 
     with pytest.raises(SigningKeyError, match="is a private key; trusted keys are public"):
         edge_sdk.load(signed, profile=None, trusted_keys=[keys["private"]])
@@ -195,7 +195,7 @@ def test_keys_of_the_wrong_kind_are_typed(signed, keys, tmp_path):
 
 @needs_crypto
 def test_signing_refuses_a_bundle_that_does_not_verify(bundle, tmp_path, keys):
-    from edge_sdk.signing import sign_bundle
+    from edge_sdk.trust.signing import sign_bundle
 
     b = _copy(bundle, tmp_path / "b")
     name = read_manifest(b).configurations[0].files[0].name
@@ -209,7 +209,7 @@ def test_signing_refuses_a_bundle_that_does_not_verify(bundle, tmp_path, keys):
 @needs_crypto
 @pytest.mark.skipif(OPENSSL is None, reason="no openssl binary")
 def test_openssl_keys_sign_and_openssl_verifies_our_signature(bundle, tmp_path):
-    from edge_sdk.signing import sign_bundle
+    from edge_sdk.trust.signing import sign_bundle
 
     run = lambda *a: subprocess.run([OPENSSL, *a], check=True, capture_output=True)  # noqa
     key, pub = tmp_path / "k.pem", tmp_path / "k.pub"
@@ -248,8 +248,8 @@ def test_the_cli_keygen_sign_and_run_with_trusted_key(bundle, tmp_path, capsys):
 
 @needs_crypto
 def test_materialize_of_a_signed_store_bundle_re_signs_or_refuses(fake, tmp_path, keys):
-    from edge_sdk.commands import materialize_main
-    from edge_sdk.signing import sign_bundle
+    from edge_sdk.cli.device import materialize_main
+    from edge_sdk.trust.signing import sign_bundle
 
     path, _ = fake
     sign_bundle(path, keys["private"])

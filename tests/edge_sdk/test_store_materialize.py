@@ -18,9 +18,9 @@ from store_support import S_MAX, WIDTHS, build, store_arrays
 
 import edge_sdk
 import edge_sdk.store
-from edge_sdk import cli
+from edge_sdk.cli import main as cli
 from edge_sdk.bundle import read_manifest
-from edge_sdk.bundle.materialized import StoreSlices, read_store
+from edge_sdk.store.sources import StoreSlices, read_store
 from edge_sdk.errors import BundleError
 from edge_sdk.store import Store, decode_store, encode_store, materialize
 
@@ -231,7 +231,7 @@ def test_read_slices_refuses_a_store_bundle(tiny):
 
 def test_the_device_commands_run_on_a_store_bundle(tiny, tmp_path, capsys):
     """edge-sdk run and profile on a store bundle: slices from the verified store only."""
-    from edge_sdk.profiles import measure_profile
+    from edge_sdk.policy.profiles import measure_profile
 
     x = tmp_path / "x.npy"
     np.save(x, _x())

@@ -28,8 +28,8 @@ from edge_sdk.bundle import (
     manifest_to_yaml,
     read_manifest,
 )
-from edge_sdk.bundle.materialized import StoreSlices, files_manifest, representatives
-from edge_sdk.commands import materialize_main
+from edge_sdk.store.sources import StoreSlices, files_manifest, representatives
+from edge_sdk.cli.device import materialize_main
 from edge_sdk.errors import BundleError
 
 PLENTY_MB = 1e9

@@ -1,4 +1,4 @@
-"""edge_sdk.tflite_reader (issue 36): a slice parsed back into the writer's graph description.
+"""edge_sdk.tflite.reader (issue 36): a slice parsed back into the writer's graph description.
 Round trips are bit-exact (the writer's bytes re-written from what the reader recovers), and
 what the writer never writes, or an unsound graph, is a SliceError naming it. Graphs made here
 with GraphBuilder and written by the real writer; the bundle's real slices too. No torch."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from edge_sdk.errors import BundleError, SliceError
-from edge_sdk.graph_build import GraphBuilder
-from edge_sdk.tflite_reader import MAX_ELEMENTS, read_graph
-from edge_sdk.tflite_writer import write_tflite
+from edge_sdk.tflite.build import GraphBuilder
+from edge_sdk.tflite.reader import MAX_ELEMENTS, read_graph
+from edge_sdk.tflite.writer import write_tflite
 from fuzz_corpus import anatomy
 
 

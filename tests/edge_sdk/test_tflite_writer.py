@@ -15,9 +15,9 @@ import yaml
 
 from edge_sdk.backends import interpreter_class
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import Graph, Quantization, graph_stats
-from edge_sdk.graph_build import GraphBuilder
-from edge_sdk.tflite_writer import BUILTIN_CODES, OPTIONS_TYPES, TENSOR_TYPES, write_tflite
+from edge_sdk.tflite.graph import Graph, Quantization, graph_stats
+from edge_sdk.tflite.build import GraphBuilder
+from edge_sdk.tflite.writer import BUILTIN_CODES, OPTIONS_TYPES, TENSOR_TYPES, write_tflite
 
 # the backend the device tests run on (LiteRT, or tflite-runtime 2.14 in CI's device venv): a
 # device materialising slices with this writer runs them there
@@ -161,7 +161,7 @@ def test_dequantize_is_exact_and_versioned_per_channel():
     buf = g.finish()
     got = run(buf, input=x)["out"]  # x = I: the rows of the output are the weight's columns
     assert np.array_equal(got.T, q.astype(np.float32) * scale[:, None])
-    from edge_sdk.backends.tflite_model import read_ops
+    from edge_sdk.tflite.model_info import read_ops
 
     assert [(o.name, o.version) for o in read_ops(buf)] == [("DEQUANTIZE", 5),
                                                             ("FULLY_CONNECTED", 1)]
@@ -178,7 +178,7 @@ def test_hybrid_filters_are_versioned_and_close_to_float():
                  padding="VALID", name="conv")
     g.mark_output(c, "out")
     buf = g.finish()
-    from edge_sdk.backends.tflite_model import read_ops
+    from edge_sdk.tflite.model_info import read_ops
 
     assert [(o.name, o.version) for o in read_ops(buf)] == [("CONV_2D", 5)]
     got = run(buf, input=x)["out"]
@@ -202,7 +202,7 @@ def _small_net() -> GraphBuilder:
 def test_resizable_batch_n_rows_equal_n_single_invokes():
     graph, weights = _small_net().graph(resizable_batch=True)
     buf = write_tflite(graph, weights)
-    from edge_sdk.backends.tflite_model import read_io
+    from edge_sdk.tflite.model_info import read_io
 
     (inp,), (out,) = read_io(buf)
     assert inp.shape_signature == (-1, 6, 6, 2) and out.shape_signature == (-1, 5)
@@ -321,8 +321,8 @@ def test_the_writer_imports_and_writes_with_torch_and_the_generated_schema_block
                     raise ModuleNotFoundError(f"{name} is blocked", name=name)
         sys.meta_path.insert(0, Block())
         import numpy as np
-        from edge_sdk.graph_build import GraphBuilder
-        import edge_sdk.tflite_writer
+        from edge_sdk.tflite.build import GraphBuilder
+        import edge_sdk.tflite.writer
         g = GraphBuilder()
         x = g.add_input("input", (1, 4))
         g.mark_output(g.fully_connected(x, g.add_const(np.ones((2, 4), np.float32), "w"), None,

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 import edge_sdk
-from edge_sdk import cli
-from edge_sdk.budget import Budget
+from edge_sdk.cli import main as cli
+from edge_sdk.policy.budget import Budget
 from edge_sdk.bundle import MANIFEST_NAME, read_manifest
 from edge_sdk.errors import (
     BudgetError,
@@ -25,9 +25,9 @@ from edge_sdk.errors import (
     OutputError,
     ProfileError,
 )
-from edge_sdk.graph_build import GraphBuilder
-from edge_sdk.input_files import read_input
-from edge_sdk.profiles import load_profile
+from edge_sdk.tflite.build import GraphBuilder
+from edge_sdk.inputs.files import read_input
+from edge_sdk.policy.profiles import load_profile
 
 
 # ------------------------------------------------------------------------ numbers in the API
@@ -114,7 +114,7 @@ def test_a_duplicate_profile_key_is_refused_on_one_line(tmp_path):
 def test_logits_that_overflow_are_refused_not_answered_as_nan(bundle, tmp_path, sign):
     """Finite weights can still overflow float32 together: the answer is an OutputError, never
     NaN probabilities with label 0. -inf logits make a finite softmax (exp(-inf) = 0): only
-    the answer graph's guard (edge_sdk.answer_graph) turns them into the NaN that is refused."""
+    the answer graph's guard (edge_sdk.answers.graph) turns them into the NaN that is refused."""
     spec = read_manifest(bundle).input
     n_in = int(np.prod(spec.shape))
     g = GraphBuilder()

@@ -1,4 +1,4 @@
-"""The OOD score and conformal sets a bundle ships (issue 33): edge_sdk.uncertainty and the
+"""The OOD score and conformal sets a bundle ships (issue 33): edge_sdk.answers.uncertainty and the
 runtime fields built on it. Torch-free, on the session's digits bundle (layout files, every
 scope, uncertainty.bin)."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import edge_sdk
-from edge_sdk import conformal, ood
+from edge_sdk.answers import conformal, ood
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BundleError, ChecksumMismatchError, ConfigError
-from edge_sdk.policy import Stage
-from edge_sdk.uncertainty import ALPHAS, FILE_NAME, Uncertainty, cascade_key, check_alpha
+from edge_sdk.policy.policy import Stage
+from edge_sdk.answers.uncertainty import ALPHAS, FILE_NAME, Uncertainty, cascade_key, check_alpha
 
 
 def _inputs(m, n, seed=0):
@@ -62,7 +62,7 @@ def _features(model, cid, x):
 
 
 def test_the_score_is_the_reference_knn_score(model):
-    """Cross-check: the device's fast path == edge_sdk.ood.knn_score (float64) on the same
+    """Cross-check: the device's fast path == edge_sdk.answers.ood.knn_score (float64) on the same
     decoded bank and k."""
     xs = _inputs(model, 6, seed=1)
     for c in model.manifest.configurations:
@@ -118,7 +118,7 @@ def test_predict_batch_returns_arrays_equal_to_the_predictions(model):
     xs = _inputs(model, 7, seed=3)
     cid = next(c.id for c in model.manifest.configurations if c.scope == "point")
     b = model.predict_batch(xs, config_id=cid)
-    assert isinstance(b, edge_sdk.runtime.BatchPrediction) and len(b) == 7
+    assert isinstance(b, edge_sdk.runtime.model.BatchPrediction) and len(b) == 7
     assert b.probs.shape == (7, len(model.manifest.labels))
     assert b.labels.tolist() == [p.label for p in b]
     assert np.allclose(b.confidence, [p.confidence for p in b])

@@ -14,7 +14,7 @@ import pytest
 
 import edge_sdk
 from edge_sdk.backends import BackendError
-from edge_sdk.backends.tflite_model import _Reader, read_io
+from edge_sdk.tflite.model_info import _Reader, read_io
 from edge_sdk.bundle import (
     MANIFEST_NAME,
     Manifest,

@@ -11,7 +11,7 @@ import yaml
 from test_bundle import manifest_dict
 
 import edge_sdk.bundle.reading as reading
-import edge_sdk.profiles as profiles
+import edge_sdk.policy.profiles as profiles
 from edge_sdk.bundle import Manifest, manifest_to_yaml
 from edge_sdk.errors import BundleError, ProfileError
 

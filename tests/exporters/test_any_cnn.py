@@ -215,7 +215,7 @@ def test_every_width_exports_equal_to_the_torch_truncation(case, width):
         assert any(m.ordering is not None for m in model.bayes_layers())
         graph, _, _ = lower_point_slice(small, (1, side, side, 3), "float")
         full, _, _ = lower_point_slice(model.truncate(1.0).eval(), (1, side, side, 3), "float")
-        from edge_sdk.graph import graph_stats
+        from edge_sdk.tflite.graph import graph_stats
         assert graph_stats(graph)["macs"] < graph_stats(full)["macs"]
 
 

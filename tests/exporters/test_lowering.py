@@ -12,8 +12,8 @@ from torch import nn
 
 import exporters.tflite as T
 from edge_sdk.errors import ConfigError
-from edge_sdk.graph import Graph
-from edge_sdk.tflite_writer import write_tflite
+from edge_sdk.tflite.graph import Graph
+from edge_sdk.tflite.writer import write_tflite
 from exporters.weights import with_graph_weights
 from exporters.slice import posterior_samples, sliced_heads, stack_heads, with_weights
 from exporters.tflite import export_point_slice, lower_point_slice, prepare_weights

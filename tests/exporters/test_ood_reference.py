@@ -1,4 +1,4 @@
-"""Issue 33: every OOD score and metric of ``edge_sdk.ood`` / ``edge_sdk.metrics`` against an
+"""Issue 33: every OOD score and metric of ``edge_sdk.answers.ood`` / ``edge_sdk.answers.metrics`` against an
 independent reference implementation (scikit-learn, scipy, brute force) on the same features."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from sklearn.covariance import LedoitWolf, ledoit_wolf as sk_ledoit_wolf
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from sklearn.neighbors import NearestNeighbors
 
-from edge_sdk import metrics as M
-from edge_sdk import ood as O
+from edge_sdk.answers import metrics as M
+from edge_sdk.answers import ood as O
 from edge_sdk.errors import InputError
 
 

@@ -213,7 +213,7 @@ def test_trace_plot_shows_memory_used_beside_the_budget():
 
 
 def test_reliability_bins_with_few_samples_are_pale():
-    from edge_sdk import metrics as M
+    from edge_sdk.answers import metrics as M
     from exporters.report import FEW_BIN_SAMPLES, _figure, _reliability_cell
 
     rng = np.random.default_rng(0)

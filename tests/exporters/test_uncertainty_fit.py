@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_sdk.uncertainty import ALPHAS, BANK_SCALE, Uncertainty, WidthStats, decode_bank
+from edge_sdk.answers.uncertainty import ALPHAS, BANK_SCALE, Uncertainty, WidthStats, decode_bank
 from exporters.tflite import export_point_slice
 from exporters.uncertainty import _quantiles, bank_rows, run_outputs
 from tests.support import randomise
@@ -86,7 +86,7 @@ def test_cascade_quantiles_cover_the_mixture(method):
     """Split-conformal on the cascade's composite answer: over repeated calibration / test
     draws, the mean coverage is in [1 - alpha, 1 - alpha + 1/(n+1)] (up to Monte Carlo
     noise), for each grid alpha the issue reports."""
-    from edge_sdk.conformal import class_scores
+    from edge_sdk.answers.conformal import class_scores
 
     rng = np.random.default_rng(1)
     n, reps = 300, 150

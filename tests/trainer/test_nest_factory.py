@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import trainer
-from edge_sdk import cli
+from edge_sdk.cli import main as cli
 from edge_sdk.errors import ConfigError
 from exporters.slice import posterior_samples, sliced_heads, stack_heads
 from trainer import checkpoint as ckpt_io

@@ -123,7 +123,7 @@ def test_non_checkpoints_are_named_as_such_without_torch_advice(tmp_path):
 
 @pytest.mark.parametrize("command", ["quantize", "export"])
 def test_cli_on_a_non_checkpoint_says_so_in_one_line(tmp_path, capsys, command):
-    from edge_sdk import cli
+    from edge_sdk.cli import main as cli
 
     (tmp_path / "in").mkdir()
     for path in _not_checkpoints(tmp_path / "in"):

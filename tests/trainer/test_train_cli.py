@@ -6,7 +6,7 @@ import pytest
 
 import trainer.quantize.run as quantize_run
 import trainer.train as train_module
-from edge_sdk import cli
+from edge_sdk.cli import main as cli
 from trainer.cli import quantized_dir
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from edge_sdk.metrics import weight_entropy_bits  # one definition, shared with the exporter
+from edge_sdk.answers.metrics import weight_entropy_bits  # one definition, shared with the exporter
 from trainer.config import Config, PWFNConfig, validate
 from trainer.data import DataSplits
 from trainer.evaluate import batches, evaluate_widths

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parametrize
 
-from edge_sdk import metrics as M
+from edge_sdk.answers import metrics as M
 from edge_sdk.errors import ConfigError
 from trainer.config import Config, SQSConfig, validate
 from trainer.data import DataSplits, subset

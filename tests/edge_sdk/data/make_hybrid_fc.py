@@ -18,7 +18,7 @@ from unittest import mock
 
 import numpy as np
 
-from edge_sdk import tflite_writer
+from edge_sdk.tflite import writer as tflite_writer
 from exporters.tflite import ChannelQuant, GraphBuilder, quantize_per_channel
 
 HERE = Path(__file__).resolve().parent

@@ -16,8 +16,8 @@ import pytest
 from edge_sdk.backends import interpreter_class
 from edge_sdk.bundle import Manifest, file_entry, verify_bytes
 from edge_sdk.errors import BundleError, ConfigError
-from edge_sdk.graph import Graph
-from edge_sdk.graph_build import GraphBuilder
+from edge_sdk.tflite.graph import Graph
+from edge_sdk.tflite.build import GraphBuilder
 from edge_sdk.store import (NORMAL_BOUND, SAMPLER, Store, decode_store, encode_store, pack_bits,
                             pack_mask)
 from edge_sdk.store.decode import decode_point, sample_weights

@@ -1,0 +1,218 @@
+"""A bundle's out-of-distribution statistics and conformal quantiles (issue 33), numpy only.
+
+The exporter fits them (``exporters.uncertainty``) and writes one file, ``uncertainty.bin``,
+in the weight store's container format (:mod:`edge_sdk.store.container`: a canonical JSON
+index plus named arrays, deterministic bytes); the manifest lists it with its sha256
+(``Manifest.uncertainty``) and the runtime verifies it before decoding, like weights. The
+same file in both layouts, so ``edge-sdk materialize`` copies it as it is.
+
+What it holds, per width (every point and head configuration of a width reads the same
+features: the head scope shares the point backbone):
+
+- ``score: knn`` (Sun et al. 2022, "Out-of-distribution detection with deep nearest
+  neighbors"): minus the cosine similarity of the slice's penultimate features (the input of
+  its final linear layer, the slice's second output) to the ``k``-th nearest of ``rows``
+  L2-normalised training features (``<width>/bank``, int8: ``round(127 * unit vector)``;
+  :func:`edge_sdk.answers.ood.knn_score` is the reference). Picked among 8 declared scores on the
+  first halves of the OOD sets (docs/uncertainty.md); higher = less like the training data.
+- ``threshold``: the score at which 95 % (``accept``) of in-distribution *validation* images
+  are accepted; ``in_distribution = score <= threshold``.
+
+And per configuration (and per two-stage cascade plan, whose answer mixes two
+configurations), split-conformal quantiles ``qhat`` of the validation scores for each method
+(``lac``, ``aps``, ``raps``; :mod:`edge_sdk.answers.conformal`) and each ``alpha`` of a fixed grid
+(``alphas``; ``null`` = the quantile is beyond the calibration set: every class). A requested
+alpha between grid points uses the largest grid alpha below it, so coverage stays >= 1 - alpha
+(conservative, never optimistic).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_sdk.answers.conformal import METHODS, class_scores
+from edge_sdk.errors import BundleError, ConfigError
+from edge_sdk.store.container import decode_store
+
+__all__ = ["ALPHAS", "FILE_NAME", "INDEX_VERSION", "Uncertainty", "cascade_key",
+           "check_alpha", "decode_bank"]
+
+FILE_NAME = "uncertainty.bin"
+INDEX_VERSION = 1
+# the conformal grid: what an app may ask for without recalibrating (0.05, 0.1, 0.2 are the
+# issue's; finer steps near the usual choices, coarser beyond)
+ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+BANK_SCALE = 127.0  # int8 codes of unit-vector components
+
+
+def decode_bank(codes: npt.NDArray[np.int8]) -> npt.NDArray[np.float32]:
+    """float32 unit rows from the int8 codes ``round(127 u)``: renormalised, because rounding
+    moves a row's norm by up to ~0.5 % and the score is a cosine (scikit-learn's cosine
+    distance, tests/exporters/test_uncertainty_fit.py, normalises the bank the same way)."""
+    rows = codes.astype(np.float32)
+    norms = np.sqrt(np.einsum("md,md->m", rows, rows))
+    return np.ascontiguousarray(rows / np.maximum(norms, 1e-12)[:, None])
+
+
+def cascade_key(first: str, second: str) -> str:
+    """The key of a two-stage plan's quantiles: ``first>second``."""
+    return f"{first}>{second}"
+
+
+def check_alpha(alpha: object, what: str = "alpha") -> float:
+    """``alpha`` as a float in [min grid, 1); ConfigError naming the grid otherwise."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
+            not math.isfinite(alpha) or not ALPHAS[0] <= alpha < 1:
+        raise ConfigError(f"{what} must be a miscoverage rate in [{ALPHAS[0]}, 1) (the "
+                          f"prediction sets' coverage is 1 - {what}; calibrated at "
+                          f"{', '.join(map(str, ALPHAS))}), got {alpha!r}")
+    return float(alpha)
+
+
+def _fail(where: str, why: str) -> BundleError:
+    return BundleError(f"{where}: {why} (re-export the bundle)")
+
+
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _fail(where, f"expected a finite number, got {v!r}")
+    return float(v)
+
+
+@dataclass
+class WidthStats:
+    bank: npt.NDArray[np.float32]  # [rows, D], L2-normalised rows (decoded from int8)
+    threshold: float
+    dim: int
+
+
+class Uncertainty:
+    """The decoded ``uncertainty.bin`` of a bundle (see the module docstring)."""
+
+    def __init__(self, index: Mapping[str, Any], widths: dict[str, WidthStats],
+                 quantiles: dict[str, dict[str, tuple[float, ...]]]):
+        self.index = index
+        self.k: int = int(index["k"])
+        self.accept = float(index["accept"])
+        self.widths = widths
+        self.quantiles = quantiles  # config id or cascade key -> method -> qhat per alpha
+        self.raps = (float(index["raps"]["lam"]), int(index["raps"]["k_reg"]))
+
+    # ---- reading -------------------------------------------------------------------------
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = FILE_NAME) -> Uncertainty:
+        """Decode and check (sizes, types, values) verified bytes; BundleError naming the
+        problem otherwise."""
+        store = decode_store(data)
+        idx = store.index
+        if not isinstance(idx, Mapping) or idx.get("version") != INDEX_VERSION:
+            got = idx.get("version") if isinstance(idx, Mapping) else idx
+            raise _fail(where, f"index version {got!r}; this edge_sdk reads {INDEX_VERSION}")
+        if idx.get("score") != "knn":
+            raise _fail(where, f"score {idx.get('score')!r}; this edge_sdk computes 'knn'")
+        k = idx.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise _fail(where, f"k must be an integer >= 1, got {k!r}")
+        accept = _number(idx.get("accept"), f"{where}: accept")
+        if not 0 < accept < 1:
+            raise _fail(where, f"accept must be in (0, 1), got {accept}")
+        if list(idx.get("alphas", ())) != list(ALPHAS):
+            raise _fail(where, f"alphas {idx.get('alphas')!r}; this edge_sdk's grid is "
+                               f"{list(ALPHAS)}")
+        raps = idx.get("raps")
+        if not isinstance(raps, Mapping) or not {"lam", "k_reg"} <= set(raps):
+            raise _fail(where, "raps must hold lam and k_reg")
+        widths: dict[str, WidthStats] = {}
+        wmap = idx.get("widths")
+        if not isinstance(wmap, Mapping) or not wmap:
+            raise _fail(where, "expected statistics for at least one width")
+        for wk, w in wmap.items():
+            p = f"{where}: widths.{wk}"
+            if not isinstance(w, Mapping):
+                raise _fail(p, "expected a mapping")
+            bank = store.array(f"{wk}/bank")
+            if bank.dtype != np.int8 or bank.ndim != 2 or bank.shape[0] < k or \
+                    bank.shape[1] != w.get("dim"):
+                raise _fail(p, f"bank must be int8 [rows >= k = {k}, dim = {w.get('dim')!r}], "
+                               f"got {bank.dtype} {list(bank.shape)}")
+            widths[str(wk)] = WidthStats(decode_bank(bank),
+                                         _number(w.get("threshold"), f"{p}.threshold"),
+                                         int(bank.shape[1]))
+        quantiles: dict[str, dict[str, tuple[float, ...]]] = {}
+        for group in ("configs", "cascades"):
+            table = idx.get(group, {})
+            if not isinstance(table, Mapping):
+                raise _fail(where, f"{group} must be a mapping")
+            for key, methods in table.items():
+                p = f"{where}: {group}.{key}"
+                if not isinstance(methods, Mapping) or set(methods) != set(METHODS):
+                    raise _fail(p, f"expected quantiles for {', '.join(METHODS)}")
+                row = {}
+                for m, qs in methods.items():
+                    if not isinstance(qs, list) or len(qs) != len(ALPHAS):
+                        raise _fail(f"{p}.{m}", f"expected {len(ALPHAS)} quantiles (one per "
+                                                f"alpha), got {qs!r:.60}")
+                    row[m] = tuple(math.inf if q is None else _number(q, f"{p}.{m}")
+                                   for q in qs)
+                quantiles[str(key)] = row
+        return cls(idx, widths, quantiles)
+
+    # ---- the out-of-distribution score ---------------------------------------------------
+    def score(self, width_key: str, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """[N] scores of features [N, D] (higher = less like the training data)."""
+        st = self.widths[width_key]
+        f = np.asarray(features, np.float32).reshape(-1, st.dim)
+        norms = np.sqrt(np.einsum("nd,nd->n", f, f))
+        kth = np.empty(len(f), np.float32)
+        pos = st.bank.shape[0] - self.k
+        # 4 rows per product: a larger [N, D] x [D, rows] product makes OpenBLAS start its
+        # threads, which on a busy 2-core device costs milliseconds (measured: 64 rows 4.1 ms,
+        # 4 rows at a time 0.1 ms, D = 32; predict_batch at N = 64 was slower than a loop)
+        for i in range(0, len(f), 4):
+            sims = f[i:i + 4] @ st.bank.T  # [<=4, rows], a fresh array: partitioned in place
+            sims.partition(pos, axis=1)
+            kth[i:i + 4] = sims[:, pos]
+        scores: npt.NDArray[np.float64] = -(kth / np.maximum(norms, 1e-12)).astype(np.float64)
+        return scores
+
+    def score_one(self, width_key: str, features: npt.NDArray[np.float32]) -> float:
+        """:meth:`score` of one sample's features (the hot path: one matrix-vector product
+        and one partition)."""
+        st = self.widths[width_key]
+        f = features.reshape(-1)
+        sims = st.bank @ f  # a fresh array: partitioned in place (no copy, ~10 % faster)
+        pos = sims.shape[0] - self.k
+        sims.partition(pos)
+        return -float(sims[pos]) / max(math.sqrt(float(f @ f)), 1e-12)
+
+    # ---- conformal sets ------------------------------------------------------------------
+    def qhat(self, key: str, method: str, alpha: float) -> float | None:
+        """The calibrated quantile of ``key`` (a configuration id or :func:`cascade_key`) for
+        ``method`` at the largest grid alpha <= ``alpha``; None when ``key`` has none."""
+        row = self.quantiles.get(key)
+        if row is None:
+            return None
+        i = max(j for j, a in enumerate(ALPHAS) if a <= alpha + 1e-12)
+        return row[method][i]
+
+    def set_mask(self, probs: npt.ArrayLike, qhat: float, method: str) -> npt.NDArray[np.bool_]:
+        """[N, C] boolean prediction-set mask of calibrated probabilities [N, C]."""
+        p = np.asarray(probs, np.float64)
+        if method == "lac":
+            return p >= 1.0 - qhat
+        lam, k_reg = self.raps
+        return class_scores(p, method, lam, k_reg) <= qhat
+
+    def set_one(self, probs: list[float], qhat: float, method: str) -> tuple[int, ...]:
+        """One sample's set, class indices in ascending order (LAC in plain Python: ten
+        classes cost less than a numpy round trip)."""
+        if method == "lac":
+            cut = 1.0 - qhat
+            return tuple(i for i, p in enumerate(probs) if p >= cut)
+        return tuple(np.flatnonzero(self.set_mask(np.asarray([probs]), qhat, method)[0])
+                     .tolist())

@@ -1,0 +1,416 @@
+"""The on-device runtime: load a bundle, set budgets, ``predict``. numpy + a TFLite interpreter.
+
+    model = edge_sdk.load("bundle/")
+    model.budget = edge_sdk.Budget(latency_ms=5)
+    p = model.predict(x)          # x: one sample, shape manifest.input.shape[1:]
+    p.label, p.confidence, p.mutual_info, p.abstain, p.width, p.latency_ms, p.invoke_ms
+
+The policy (:mod:`edge_sdk.policy.policy`) decides and plans every call; this module only checks the
+input, executes the plan's stages on per-thread interpreters and measures what the app waited.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_sdk.answers.graph import RawInput
+from edge_sdk.backends import check_bundle, interpreter_class
+from edge_sdk.policy.budget import Budget, MemoryProbe, check_budget
+from edge_sdk.bundle import Configuration, InputSpec, Manifest, read_manifest
+from edge_sdk.validation import show
+from edge_sdk.store.sources import SliceSource, open_slices
+from edge_sdk.errors import BudgetError, ConfigError
+from edge_sdk.runtime.explain import ExplainRow, Explanation
+from edge_sdk.inputs.stats import SuspectCheck
+from edge_sdk.inputs.checks import InputChecker
+from edge_sdk.policy.policy import MODES, Policy, Stage
+from edge_sdk.bundle.slices import read_verified
+from edge_sdk.answers.conformal import METHODS as CONFORMAL_METHODS
+from edge_sdk.answers.prediction import BatchPrediction, Prediction, draft, finish
+from edge_sdk.answers.uncertainty import Uncertainty, check_alpha
+from edge_sdk.runtime.recorder import TraceRecorder
+from edge_sdk.runtime.residency import PerThread, Residency
+from edge_sdk.runtime.execute import Executor
+from edge_sdk.runtime.startup import (check_load_args, latency_priors, sdk_overhead_ms,
+                              uncertainty_widths)
+
+if TYPE_CHECKING:
+    from edge_sdk.trust.signing import KeyLike
+
+__all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
+POLICIES = MODES
+
+
+class EdgeModel(Executor, Residency):
+    """A loaded bundle. Thread-safe: each thread gets its own interpreters (LiteRT interpreters
+    are not thread-safe), created lazily, warmed up by one invoke, and kept resident up to
+    ``memory_cap_mb`` per thread."""
+
+    def __init__(self, bundle_dir: str | os.PathLike[str], *,
+                 profile: str | os.PathLike[str] | None = "auto",
+                 threads: int | None = None,
+                 target_accuracy: float = 0.95, policy: str = "best", strict: bool = False,
+                 memory_reader: Callable[[], float] | None = None,
+                 memory_cap_mb: float | None = None, clock: Callable[[], float] = time.perf_counter,
+                 backend: str | None = None, hysteresis: float = 0.1,
+                 half_life_s: float = 10.0, half_life_calls: int = 200,
+                 trusted_keys: Iterable[KeyLike] | KeyLike | None = None, uncertainty: bool = True, alpha: float = 0.1,
+                 conformal: str = "lac", abstain_on_ood: bool = True,
+                 input_check: bool = True) -> None:
+        check_load_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
+        for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
+                        ("input_check", input_check)):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{name} must be True or False, got {show(v)}")
+        if not isinstance(conformal, str) or conformal not in CONFORMAL_METHODS:
+            raise ConfigError(f"conformal must be one of {', '.join(CONFORMAL_METHODS)} (the "
+                              f"prediction sets' score), got {show(conformal)}")
+        self.alpha = check_alpha(alpha)
+        self.conformal, self.abstain_on_ood = conformal, abstain_on_ood
+        self.bundle_dir = Path(bundle_dir)
+        if trusted_keys is None:
+            self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
+        else:  # (issue 36) the manifest's bytes verified against the keys before parsing
+            from edge_sdk.trust.signing import read_trusted_manifest
+
+            self.manifest = read_trusted_manifest(self.bundle_dir, trusted_keys)
+        self.signed = trusted_keys is not None
+        # interpreters are built from these verified bytes only (a file swapped after load()
+        # never runs). A files bundle: every slice read once here, sha256-verified and
+        # shape-checked on those bytes. A store bundle: store.bin read once here and verified;
+        # each slice materialised from it on first use and verified (sha256 == the manifest's,
+        # tensors) before any interpreter sees it, cached LRU under memory_cap_mb
+        self._slices: SliceSource = open_slices(self.bundle_dir, self.manifest, memory_cap_mb)
+        # (issue 33) the OOD statistics and conformal quantiles, verified like the weights
+        self._unc: Uncertainty | None = None
+        if uncertainty and self.manifest.uncertainty is not None:
+            entry = self.manifest.uncertainty
+            self._unc = Uncertainty.from_bytes(read_verified(self.bundle_dir, entry),
+                                               f"{self.bundle_dir}: {entry.name}")
+        self._unc_width = uncertainty_widths(self)
+        self._feat: dict[str, int] = {}  # config id -> its features output's tensor index
+        self._qhats: dict[tuple[str, float], float | None] = {}
+        key = f"{target_accuracy:g}"
+        missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
+        if missing:
+            have = sorted(self.manifest.configurations[0].thresholds)
+            raise BudgetError(f"target accuracy {target_accuracy} has no exported threshold; "
+                              f"the bundle has thresholds for {', '.join(have)}")
+        self.target_accuracy, self.policy_name, self.strict = target_accuracy, policy, strict
+        self._target_key = key
+        self.threads = threads
+        self._interp_cls, self.backend = interpreter_class(backend)  # BackendError if none
+        # nothing it answers wrongly, and every slice parses with this backend (a store
+        # bundle: one materialised, verified slice per distinct graph, see load_check)
+        checked, stand_ins = self._slices.load_check()
+        check_bundle(self.bundle_dir, self.manifest, self.backend, checked, self._interp_cls,
+                     stand_ins)
+        del checked
+        self.profile, self.latency_source, priors = latency_priors(
+            self.bundle_dir, self.manifest.configurations, profile, threads)
+        self._inputs = InputChecker(self.manifest.input)
+        # (issue 34) every interpreter takes the raw sample and normalises it in its graph
+        self._raw = RawInput(self._inputs.feed_dtype.name, self._inputs.scale_c,
+                             self._inputs.shift_c)
+        # (issue 34) input_suspect: the sample's raw statistics against the training split's
+        stats = self.manifest.input_stats
+        self._suspect = SuspectCheck(stats) if input_check and stats is not None else None
+        self._classes = len(self.manifest.labels)
+        self._labels = tuple(self.manifest.labels)
+        self._configs = {c.id: c for c in self.manifest.configurations}
+        self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
+        # (issue 34) the answer's softmax in the graph (edge_sdk/answers/graph.py): for the
+        # point and head slices no other configuration lists (an all-scope sample file serves
+        # several S, each with its own temperature)
+        users: dict[str, int] = {}
+        for c in self.manifest.configurations:
+            for f in c.files:
+                users[f.name] = users.get(f.name, 0) + 1
+        self._answerable = {c.files[0].name: c for c in self.manifest.configurations
+                            if c.scope in ("point", "head") and len(c.files) == 1
+                            and users[c.files[0].name] == 1}
+        self.policy = Policy(
+            self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
+            hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
+            overhead_ms=sdk_overhead_ms(self), prior_source=self.latency_source,
+            memory_cap_mb=self.memory_cap_mb, mode=policy, target=key)
+        if self.memory_cap_mb is not None:
+            small = min(self.manifest.configurations, key=self.policy.memory_need_mb)
+            if self.policy.memory_need_mb(small) > self.memory_cap_mb:
+                raise BudgetError(
+                    f"memory_cap_mb {self.memory_cap_mb:g} MB is below every configuration's "
+                    f"memory need: the smallest, {small.id}, needs "
+                    f"{self.policy.memory_need_mb(small):.4g} MB")
+        self._share_mb = self._file_shares()
+        self.budget = Budget()
+        self._clock = clock
+        self._local = PerThread()
+        self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
+        self._batchable: dict[str, bool] = {}
+        self._pinned_plans: dict[str, tuple[Stage]] = {}  # config_id -> its one-stage plan
+        self._recorder: TraceRecorder | None = None
+
+    # ---- public ----------------------------------------------------------------------------
+    @property
+    def uncertainty(self) -> Uncertainty | None:
+        """The bundle's OOD statistics and conformal quantiles (None: the bundle has none, or
+        ``load(uncertainty=False)``)."""
+        return self._unc
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return self.manifest.input
+
+    @property
+    def budget(self) -> Budget:
+        return self._budget
+
+    @budget.setter
+    def budget(self, value: Budget) -> None:
+        self._budget = check_budget(value, "budget")
+
+    @property
+    def first_use_ms(self) -> dict[str, float]:
+        """Per configuration built in this process: interpreter creation + the first (warm-up)
+        invoke, the cost a cold configuration adds to one call and never to the estimate."""
+        return dict(self.policy.first_use_ms)
+
+    @property
+    def materialize_ms(self) -> dict[str, float]:
+        """A store bundle: per file materialised in this process, the ms of its last
+        materialisation + verification (sha256, tensors), part of its configuration's
+        first-use cost; empty for a files bundle (read and verified at load)."""
+        return dict(getattr(self._slices, "materialize_ms", {}))
+
+    def predict(self, x: npt.ArrayLike, budget: Budget | None = None, *, config_id: str | None = None,
+                alpha: float | None = None) -> Prediction:
+        """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
+        also takes ``[H, W]``). ``budget``: an :class:`edge_sdk.Budget` for this call (None:
+        the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
+        letting the policy choose; its ``budget_met`` is still judged against the budget and
+        strict mode still raises when it is predicted not to fit. ``alpha``: this call's
+        conformal miscoverage (None: the model's, ``load(alpha=0.1)``)."""
+        t0 = self._clock()
+        budget = self._budget if budget is None else check_budget(budget)
+        if alpha is not None:
+            check_alpha(alpha)
+        xn = self._inputs.feed(x)
+        chk = self._suspect
+        sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
+        stages: tuple[Stage, ...] | None
+        if config_id is not None:
+            # the pinned one-stage plan, looked up inline (issue 34); strict mode checks it
+            stages = self._pinned_plans.get(config_id) if type(config_id) is str else None
+            if stages is None or self.strict:
+                stages = (self._pinned(config_id, budget, 1),)
+        else:
+            with self._lock:
+                stages = self.policy.call_stages(budget, self.strict)
+        p = self._execute_one(xn, stages, budget, t0, alpha, sus)
+        if self._recorder is not None:
+            self._recorder.add((p,), budget)
+        return p
+
+    def predict_batch(self, xs: npt.ArrayLike, budget: Budget | None = None, *,
+                      config_id: str | None = None, alpha: float | None = None
+                      ) -> BatchPrediction:
+        """``N`` samples ``[N, *input.shape[1:]]`` under one decision and one per-batch budget:
+        one invoke per configuration for the whole batch where the slice's batch dimension can
+        be resized, else a loop over the same configuration. Every prediction carries the
+        batch's wall time (``latency_ms``) and interpreter time (``invoke_ms``). Returns a
+        :class:`BatchPrediction`: the predictions as a sequence, and ``labels``,
+        ``confidence``, ``probs``, ``abstain``, ``ood_score``, ``in_distribution`` and
+        ``prediction_sets`` (an ``[N, C]`` boolean mask) as arrays."""
+        t0 = self._clock()
+        budget = self._budget if budget is None else check_budget(budget)
+        if alpha is not None:
+            check_alpha(alpha)
+        xn = self._inputs.feed_batch(xs)
+        n = len(xn)
+        sus = None if self._suspect is None else self._suspect.batch(np.asarray(xs))
+        stages: tuple[Stage, ...]
+        if config_id is not None:
+            stages = (self._pinned(config_id, budget, n),)
+        else:
+            with self._lock:
+                stages = self.policy.call_stages(budget, self.strict, n)
+        # one sample: the single-call path (the same answer, without the batch bookkeeping)
+        out = BatchPrediction([self._execute_one(
+            xn, stages, budget, t0, alpha, None if sus is None else bool(sus[0]))],
+            self._classes) if n == 1 else self._execute_batch(xn, stages, budget, t0, alpha, sus)
+        if self._recorder is not None:
+            self._recorder.add(out, budget)
+        return out
+
+    def explain(self, budget: Budget | None = None, n: int = 1) -> Explanation:
+        """The decision table the policy would use for a call now (changes no state): per
+        configuration its predicted end-to-end latency and where that comes from, first-use
+        cost, memory need, whether it fits, quality rank; the choice and the reason."""
+        budget = self._budget if budget is None else check_budget(budget)
+        pol = self.policy
+        with self._lock:
+            plan = pol.preview(budget, n)
+            limit = pol.memory_limit_mb(budget)
+            staged = {s.config.id: i + 1 for i, s in enumerate(plan.stages)}
+            chosen = plan.stages[-1].config
+            rows = []
+            for rank, c in enumerate(pol.ranked, 1):
+                pred = pol.predicted_latency_ms(c, n)
+                rows.append(ExplainRow(
+                    config_id=c.id, quality_rank=rank, predicted_ms=pred,
+                    source=pol.latency_source(c), first_use_ms=pol.first_use_ms.get(c.id),
+                    memory_mb=pol.memory_need_mb(c),
+                    fits_latency=budget.latency_ms is None or pred <= budget.latency_ms,
+                    fits_memory=pol.memory_need_mb(c) <= limit, chosen=c is chosen,
+                    stage=staged.get(c.id) if len(plan.stages) > 1 else None))
+        return Explanation(budget.latency_ms, budget.memory_mb, limit, self.policy_name,
+                           chosen.id, plan.fits, plan.reason, tuple(rows))
+
+    def warm_up(self, budget: Budget | None = None, config_ids: Iterable[str] | None = None
+                ) -> dict[str, float]:
+        """Build (and warm) in this thread the interpreters a call under ``budget`` would run
+        now (or those of ``config_ids``), so no call pays their first-use cost; returns it,
+        ms per configuration built."""
+        if config_ids is None:
+            budget = self._budget if budget is None else check_budget(budget)
+            with self._lock:
+                configs = [s.config for s in self.policy.preview(budget).stages]
+        else:
+            configs = [self._config(cid) for cid in config_ids]
+        return {c.id: self._resident(c, 1)[1] for c in configs}
+
+    def record(self, path: str | os.PathLike[str], phase: str = "live",
+               flush_every: int = 1000) -> TraceRecorder:
+        """Record every prediction from now on into ``path`` (the demo's trace format, for
+        ``edge-sdk report BUNDLE --trace path``). Use as a context manager or ``close()`` it."""
+        rec = TraceRecorder(self, path, phase, flush_every)
+        with self._lock:
+            if self._recorder is not None and not self._recorder.closed:
+                raise ConfigError(f"already recording to {self._recorder.path}; close() it "
+                                  f"first")
+            self._recorder = rec
+        return rec
+
+    def _stop_recording(self, rec: TraceRecorder) -> None:
+        with self._lock:
+            if self._recorder is rec:
+                self._recorder = None
+
+    # ---- internals -------------------------------------------------------------------------
+    def _config(self, config_id: object) -> Configuration:
+        if not isinstance(config_id, str):
+            raise ConfigError(f"config_id must be a configuration id (a string: "
+                              f"{', '.join(self._configs)}), got {type(config_id).__name__}")
+        return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
+
+    def _pinned(self, config_id: str, budget: Budget, n: int) -> Stage:
+        plan = self._pinned_plans.get(config_id) if type(config_id) is str else None
+        if plan is None:
+            plan = self._pinned_plans[config_id] = (Stage(self._config(config_id), None, 0.0),)
+        stage = plan[0]
+        if self.strict:
+            with self._lock:
+                self.policy.check_pinned(stage.config, budget, n)
+        return stage
+
+    def _prepare(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
+        """One sample checked and normalised, ``[1, H, W, C]`` float32: what a slice's own
+        graph takes (``_build(c, plain=True)``: benchmarks, tests)."""
+        return self._inputs.one(x, what)
+
+    def _feed(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
+        """One sample checked, ``[1, H, W, C]`` raw values: what the runtime's interpreters
+        take (tests)."""
+        return self._inputs.feed(x, what)
+
+    def _answer(self, c: Configuration, logits: np.ndarray, latency_ms: float,
+                met: bool) -> Prediction:
+        """The prediction ``c``'s ``[S, C]`` logits make (tests of the maths)."""
+        return finish(draft(c, logits), self._labels, self._target_key, latency_ms, 0.0, met,
+                      abstain_on_ood=self.abstain_on_ood)
+
+    def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """[S, C] logits of one sample (``_feed``'s raw values) and the wall time of the
+        invokes (tests)."""
+        interps, _ = self._resident(c, 1)
+        return self._invoke(interps, x)
+
+
+def load(bundle_dir: str | os.PathLike[str], profile: str | os.PathLike[str] | None = "auto",
+         threads: int | None = None, *, policy: str = "best", target_accuracy: float = 0.95,
+         strict: bool = False, memory_cap_mb: float | None = None, backend: str | None = None,
+         trusted_keys: Iterable[KeyLike] | KeyLike | None = None,
+         hysteresis: float = 0.1, half_life_s: float = 10.0, half_life_calls: int = 200,
+         uncertainty: bool = True, alpha: float = 0.1, conformal: str = "lac",
+         abstain_on_ood: bool = True, input_check: bool = True,
+         memory_reader: Callable[[], float] | None = None,
+         clock: Callable[[], float] = time.perf_counter) -> EdgeModel:
+    """Load and verify a bundle (schema version, every file's sha256) before anything runs.
+
+    A store bundle (schema version 3 or 4, ``layout: store``): ``store.bin`` is read once, its size
+    and sha256 checked, and decoded; one slice per distinct graph (per width: the point slice,
+    a sampled slice, the head slice with the most heads) is materialised, checked against the
+    manifest's sha256 and tensors and parsed by the backend here, so a broken store or a
+    materialiser that disagrees with the exporter fails now. Every other slice is materialised
+    and checked the same way on first use (a first-use cost, ``first_use_ms``, never part of
+    the latency estimate).
+
+    ``profile`` seeds the latency the policy expects of each configuration until this process
+    has measured it: "auto" (a measured profile cached by ``edge-sdk profile`` for this bundle
+    and host, else the manifest's host measurements), a built-in device profile name
+    (``raspberry_pi_4``, ...), a profile YAML path, or None (manifest only). ``threads`` is
+    the interpreter thread count (None: the runtime's default). ``backend`` picks the TFLite
+    interpreter: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
+    installed, LiteRT first); a bundle the backend would answer wrongly raises BackendError.
+    Keyword arguments: ``policy`` ("best" or "cascade"), ``target_accuracy``, ``strict`` (raise
+    :class:`BudgetNotMetError` instead of answering outside the budget), ``memory_cap_mb``
+    (resident interpreters per thread, and a store bundle's materialised slice bytes, least
+    recently used evicted first; also a memory limit of every decision), ``trusted_keys``
+    (Ed25519 public keys, PEM paths or bytes: only a bundle whose manifest one of them signed
+    loads, with nothing unlisted in it; docs/signing.md), and the
+    policy's tunables ``hysteresis`` (headroom a better configuration needs to replace the
+    incumbent, default 0.1), ``half_life_s`` / ``half_life_calls`` (how fast a measurement
+    ages toward the prior, default 10 s / 200 decisions).
+
+    Args:
+        bundle_dir: the bundle directory (``manifest.yaml`` and its files).
+        profile: "auto", a built-in device profile name, a profile YAML path, or None.
+        threads: interpreter threads (None: the runtime's default).
+        policy: "best" (the best configuration that fits) or "cascade" (narrow first, widen
+            when unsure).
+        target_accuracy: which exported confidence threshold ``abstain`` uses.
+        strict: raise :class:`BudgetNotMetError` instead of answering outside the budget.
+        memory_cap_mb: resident interpreters (and store slices) per thread, LRU-evicted; also
+            a memory limit of every decision.
+        backend: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
+            installed).
+        trusted_keys: Ed25519 public keys (PEM paths or bytes); only a bundle one of them
+            signed loads.
+        hysteresis: headroom a better configuration needs to replace the incumbent.
+        half_life_s: seconds after which a latency measurement counts half toward the prior.
+        half_life_calls: decisions after which it counts half.
+        uncertainty: compute ``ood_score``, ``in_distribution`` and ``prediction_set`` (issue
+            33; False: those fields are None and the call costs only the answer).
+        alpha: the prediction sets' miscoverage (coverage >= 1 - alpha).
+        conformal: the sets' score, "lac", "aps" or "raps".
+        abstain_on_ood: ``abstain`` also when the input is unlike the training data:
+            ``in_distribution`` False or ``input_suspect`` True.
+        input_check: compute ``input_suspect`` (issue 34: the sample's per-channel mean and
+            maximum against the training split's, from the manifest's ``input_stats``;
+            False, or a bundle without them: None).
+        memory_reader: MB available now (tests; default psutil).
+        clock: the timer every latency is measured with (tests; default perf_counter).
+    """
+    return EdgeModel(bundle_dir, profile=profile, threads=threads, policy=policy,
+                     target_accuracy=target_accuracy, strict=strict,
+                     memory_cap_mb=memory_cap_mb, backend=backend, trusted_keys=trusted_keys,
+                     hysteresis=hysteresis, half_life_s=half_life_s,
+                     half_life_calls=half_life_calls, uncertainty=uncertainty, alpha=alpha,
+                     conformal=conformal, abstain_on_ood=abstain_on_ood,
+                     input_check=input_check, memory_reader=memory_reader, clock=clock)
