@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.tflite.graph import QUANT_AXIS, tflite_weight
+from edge_sdk.tflite.graph import tflite_weight
+from edge_sdk.tflite.tensors import QUANT_AXIS
 from edge_sdk.tflite.build import GraphBuilder
 from exporters.weights import LayerWeights
 from trainer.layers import BayesNestedConv2d, BayesNestedLayer, BayesNestedLinear

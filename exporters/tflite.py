@@ -17,7 +17,8 @@ from edge_sdk.tflite.model_info import _Reader
 from edge_sdk.errors import ConfigError
 from edge_sdk.tflite.graph import Graph, graph_stats as _graph_stats
 from edge_sdk.tflite.build import GraphBuilder
-from edge_sdk.tflite.writer import BUILTIN_CODES, write_tflite
+from edge_sdk.tflite.schema import BUILTIN_CODES
+from edge_sdk.tflite.writer import write_tflite
 from exporters.lowering import lower
 from exporters.weights import (ChannelQuant, LayerWeights, QuantizedTensor, prepare_weights,
                                quantize_per_channel)

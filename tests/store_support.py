@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.bundle import Manifest, StoreEntry, file_entry, write_bundle
-from edge_sdk.tflite.graph import Graph, Op, Tensor
+from edge_sdk.tflite.graph import Graph
+from edge_sdk.tflite.tensors import Op, Tensor
 from edge_sdk.store import encode_store, pack_bits
 from edge_sdk.store.materialize import materialize
 from edge_sdk.store.sampler import SAMPLER

@@ -48,15 +48,18 @@ precision) where the Python path computes them in float64: they agree to ~1e-7.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError, SliceError
-from edge_sdk.tflite.graph import Graph, Op, Tensor
+from edge_sdk.tflite.tensors import Op, Tensor
 from edge_sdk.tflite.reader import read_graph
 from edge_sdk.tflite.writer import write_tflite
+
+if TYPE_CHECKING:
+    from edge_sdk.tflite.graph import Graph
 
 __all__ = ["ANSWER", "RAW_INPUT", "RawInput", "runtime_graph", "with_answer"]
 

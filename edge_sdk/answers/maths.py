@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable, NamedTuple, NoReturn
+from typing import Any, Callable, NamedTuple, NoReturn, TYPE_CHECKING
 
 import numpy as np
 
-from edge_sdk.bundle import Configuration
 from edge_sdk.errors import OutputError
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle.configuration import Configuration
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

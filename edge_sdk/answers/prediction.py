@@ -11,7 +11,9 @@ import numpy as np
 
 from edge_sdk.answers.maths import (BatchProbs, Lazy, _readonly, batch_entropy,
                                    batch_probabilities, probabilities)
-from edge_sdk.bundle import Configuration
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle.configuration import Configuration
 
 
 _new = object.__new__

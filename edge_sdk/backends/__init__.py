@@ -331,7 +331,7 @@ def _check_known_wrong(bundle_dir: str | os.PathLike[str], manifest: Manifest, b
     """``known``: reasons already found per checked name (a name missing from it: none)."""
     if not any(b == backend for b, _, _ in KNOWN_WRONG):
         return
-    from edge_sdk.bundle import resolve_file
+    from edge_sdk.bundle.files import resolve_file
 
     def reasons_for(name: str) -> list[str]:
         if known is not None:

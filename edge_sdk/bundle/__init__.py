@@ -82,14 +82,8 @@ from __future__ import annotations
 
 from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.reading import (
-    PathLike,
-    manifest_to_yaml,
-    read_manifest,
-    resolve_file,
-    sha256_file,
-    verify_files,
-)
+from edge_sdk.bundle.files import PathLike, resolve_file, sha256_file
+from edge_sdk.bundle.reading import manifest_to_yaml, read_manifest, verify_files
 from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import (
     BUNDLE_LAYOUTS,

@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.records import (
     Slice,
     _file_name,
     _record,
     _width_key,
 )
-from edge_sdk.errors import BundleError
 from edge_sdk.validation import (
     NodeBudget,
     fail,
@@ -237,22 +235,3 @@ def _resolve_names(items: list[Any], path: str, layout: str, slices: Mapping[str
         out.append({**c, **filled, "files": entries, "materialize": recipes})
         named[i] = list(files)
     return out, named
-
-
-def _named_configuration(item: object, path: str, names: list[str] | None,
-                         slices_path: str = "slices") -> Configuration:
-    """Parse one configuration; a recipe error of a file listed by name is reported at the
-    slices table entry it came from (the recipe is not in the configuration)."""
-    if names is None:
-        return _record(Configuration, item, path)
-    try:
-        return _record(Configuration, item, path)
-    except BundleError as exc:
-        msg = str(exc)
-        for j, name in enumerate(names):
-            where = f"{path}.materialize[{j}]"
-            if msg.startswith(where + ".") or msg.startswith(where + ":"):
-                rest = msg[len(where):].lstrip(".")
-                raise BundleError(f"{key_path(slices_path, name)}.{rest} (listed by {path}."
-                                  f"files[{j}])") from None
-        raise

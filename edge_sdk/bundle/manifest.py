@@ -12,7 +12,7 @@ from typing import Any
 
 from edge_sdk.bundle.compact import (_CASCADE_MAX_LOSS, _COMPACT_DEFAULTS, _NAMED_DEFAULTS,
                                      _compact_graphs, _compact_test, _derived, _graphs,
-                                     _named_configuration, _resolve_names, _slices)
+                                     _resolve_names, _slices)
 from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import (
@@ -377,3 +377,20 @@ class Manifest(_Record):
         return out
 
 
+def _named_configuration(item: object, path: str, names: list[str] | None,
+                         slices_path: str = "slices") -> Configuration:
+    """Parse one configuration; a recipe error of a file listed by name is reported at the
+    slices table entry it came from (the recipe is not in the configuration)."""
+    if names is None:
+        return _record(Configuration, item, path)
+    try:
+        return _record(Configuration, item, path)
+    except BundleError as exc:
+        msg = str(exc)
+        for j, name in enumerate(names):
+            where = f"{path}.materialize[{j}]"
+            if msg.startswith(where + ".") or msg.startswith(where + ":"):
+                rest = msg[len(where):].lstrip(".")
+                raise BundleError(f"{key_path(slices_path, name)}.{rest} (listed by {path}."
+                                  f"files[{j}])") from None
+        raise

@@ -5,24 +5,20 @@ stdlib + pyyaml only.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 import yaml
 
+from edge_sdk.bundle.files import PathLike, resolve_file, sha256_file
 from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, STORE_SUFFIX, _file_name
+from edge_sdk.bundle.records import MANIFEST_NAME
 from edge_sdk.bundle.recovery import missing_bundle_message
 from edge_sdk.errors import BundleError, ChecksumMismatchError
 from edge_sdk.validation import MAX_DEPTH, got, show
 
-PathLike = Union[str, "os.PathLike[str]"]
-
-_CHUNK = 1 << 20  # hashing reads files in 1 MiB chunks
 # A real manifest is about 1 kB per configuration (7.5 kB for 8; a 68-configuration store
 # bundle's 105 kB); pure-Python PyYAML parses 0.3-1 MB/s, so anything above 256 KiB is refused
 # before it is parsed.
@@ -157,37 +153,6 @@ def _parse_manifest_text(data: bytes, where: str) -> Manifest:
         raise BundleError(f"{where}: {exc}") from None
     except RecursionError:
         raise BundleError(f"{where}: nested too deeply") from None
-
-
-def sha256_file(path: PathLike) -> tuple[str, int]:
-    """(hex sha256, bytes read) of a file, hashed in chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def resolve_file(bundle_dir: PathLike, name: str) -> Path:
-    """The path of bundle file ``name`` (a ``.tflite`` file or the ``.bin`` weight store), which
-    must exist and resolve to inside ``bundle_dir``."""
-    is_store = isinstance(name, str) and name.endswith(STORE_SUFFIX)
-    _file_name(name, "file name", STORE_SUFFIX if is_store else FILE_SUFFIX)
-    root = Path(bundle_dir).resolve()
-    candidate = root / name
-    resolved = candidate.resolve()  # follows symlinks
-    if resolved == root or not resolved.is_relative_to(root):
-        raise BundleError(
-            f"{root}: file {name!r} resolves to {resolved}, outside the bundle directory; "
-            "bundle files must be inside the bundle"
-        )
-    if not resolved.exists():
-        raise BundleError(f"{root}: file {name!r} listed in the manifest is missing")
-    if not resolved.is_file():
-        raise BundleError(f"{root}: {name!r} is not a regular file")
-    return resolved
 
 
 def verify_files(bundle_dir: PathLike, manifest: Manifest) -> None:

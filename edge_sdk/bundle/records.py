@@ -39,6 +39,7 @@ SCHEMA_VERSION = 6  # what the exporter writes
 # bundle answers input_suspect None)
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST_NAME = "manifest.yaml"
+SIGNATURE_NAME = MANIFEST_NAME + ".sig"  # a signed bundle's Ed25519 signature (docs/signing.md)
 FILE_SUFFIX = ".tflite"
 STORE_SUFFIX = ".bin"  # the weight store's file (docs/store.md §1)
 BUNDLE_LAYOUTS = ("files", "store")  # schema version 3's `layout` (older versions: files)

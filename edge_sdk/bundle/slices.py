@@ -20,13 +20,16 @@ import os
 from pathlib import Path
 
 from edge_sdk.tflite.model_info import IOTensor, read_io
-from edge_sdk.bundle.configuration import Configuration
-from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.reading import PathLike, resolve_file
-from edge_sdk.bundle.input_spec import InputSpec
-from edge_sdk.bundle.records import FileEntry
+from edge_sdk.bundle.files import PathLike, resolve_file
 from edge_sdk.errors import BundleError, ChecksumMismatchError
 from edge_sdk.tflite.reader import read_graph
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle.records import FileEntry
+    from edge_sdk.bundle.input_spec import InputSpec
+    from edge_sdk.bundle.manifest import Manifest
+    from edge_sdk.bundle.configuration import Configuration
 
 __all__ = ["check_slice", "read_slices", "verify_bytes"]
 

@@ -13,14 +13,17 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.reading import PathLike, manifest_to_yaml
+from edge_sdk.bundle.reading import manifest_to_yaml
+from edge_sdk.bundle.files import PathLike
 from edge_sdk.bundle.recovery import ExportLock
-from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, STORE_SUFFIX, _file_name
+from edge_sdk.bundle.records import FILE_SUFFIX, MANIFEST_NAME, SIGNATURE_NAME, STORE_SUFFIX, _file_name
 from edge_sdk.errors import BundleError
 from edge_sdk.validation import got
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle.manifest import Manifest
 
 
 def _checked_files(manifest: Manifest, files: Mapping[str, Any]) -> dict[str, bytes]:
@@ -181,8 +184,6 @@ def write_bundle(
     text = manifest_to_yaml(manifest)
     blobs = _checked_files(manifest, files)
     if sign is not None:
-        from edge_sdk.trust.signing import SIGNATURE_NAME
-
         blobs = {**blobs, SIGNATURE_NAME: sign(text.encode("utf-8"))}
     target = Path(os.path.abspath(os.fspath(bundle_dir)))
     if target.name in ("", ".", ".."):

@@ -16,7 +16,7 @@ from edge_sdk.errors import ConfigError
 from edge_sdk.inputs.files import read_input
 
 if TYPE_CHECKING:
-    from edge_sdk.bundle import InputSpec
+    from edge_sdk.bundle.input_spec import InputSpec
 
 
 def _read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[Any]:
@@ -70,11 +70,12 @@ def run_main(argv: list[str]) -> int:
                    help="load only a bundle signed by this Ed25519 public key (repeatable; "
                         "docs/signing.md)")
     args = p.parse_args(argv)
-    import edge_sdk
+    from edge_sdk.policy.budget import Budget
+    from edge_sdk.runtime.model import load
 
-    budget = edge_sdk.Budget(args.latency_ms, args.memory_mb)  # malformed: BudgetError, exit 2
+    budget = Budget(args.latency_ms, args.memory_mb)  # malformed: BudgetError, exit 2
     profile = None if args.profile.lower() == "none" else args.profile
-    model = edge_sdk.load(args.bundle, profile=profile, threads=args.threads,
+    model = load(args.bundle, profile=profile, threads=args.threads,
                           policy=args.policy, target_accuracy=args.target_accuracy,
                           strict=args.strict, trusted_keys=args.trusted_key)
     x = _read_input(args.input, model.input_spec, args.resize)
@@ -129,9 +130,9 @@ def bench_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    import edge_sdk
+    from edge_sdk.runtime.model import load
 
-    model = edge_sdk.load(args.bundle, threads=args.threads, trusted_keys=args.trusted_key)
+    model = load(args.bundle, threads=args.threads, trusted_keys=args.trusted_key)
     spec = model.input_spec
     x = bench_input(spec)
     configs = list(model.manifest.configurations)
@@ -199,7 +200,8 @@ def profile_main(argv: list[str]) -> int:
                         "of the table")
     args = p.parse_args(argv)
     from edge_sdk.errors import ProfileError
-    from edge_sdk.policy.profiles import cached_profile_path, measure_profile, write_profile
+    from edge_sdk.policy.measured import cached_profile_path, measure_profile
+    from edge_sdk.policy.profiles import write_profile
 
     try:
         threads = None if args.threads is None else \
@@ -251,8 +253,8 @@ def materialize_main(argv: list[str]) -> int:
     p.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_PEM",
                    help="materialise only a store bundle signed by this public key")
     args = p.parse_args(argv)
-    from edge_sdk.bundle import read_manifest
-    from edge_sdk.store.sources import materialize_bundle
+    from edge_sdk.bundle.reading import read_manifest
+    from edge_sdk.store.to_files import materialize_bundle
 
     t0 = time.perf_counter()
     out, ms = materialize_bundle(args.bundle, args.out, force=args.force, key=args.key,

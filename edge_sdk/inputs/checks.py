@@ -14,7 +14,7 @@ import numpy.typing as npt
 from edge_sdk.errors import InputError
 
 if TYPE_CHECKING:
-    from edge_sdk.bundle import InputSpec
+    from edge_sdk.bundle.input_spec import InputSpec
 
 Normalised = npt.NDArray[np.float32]
 

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from edge_sdk.errors import InputError
 
 if TYPE_CHECKING:
-    from edge_sdk.bundle import InputSpec
+    from edge_sdk.bundle.input_spec import InputSpec
 
 # Pillow modes -> (channels, largest value); "P" (palette) is expanded first
 _MODES = {"1": (1, 1), "L": (1, 255), "LA": (2, 255), "RGB": (3, 255), "RGBA": (4, 255),

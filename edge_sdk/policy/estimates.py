@@ -7,9 +7,11 @@ the plan, are in policy.py.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, TYPE_CHECKING
 
-from edge_sdk.bundle import Configuration
+
+if TYPE_CHECKING:
+    from edge_sdk.bundle.configuration import Configuration
 
 __all__ = ["FALLBACK_GMACS", "FALLBACK_OVERHEAD_MS", "Estimates"]
 

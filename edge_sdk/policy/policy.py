@@ -29,36 +29,18 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TYPE_CHECKING
 
 import numpy as np
 
-from edge_sdk.policy.budget import Budget, MemoryProbe, check_budget  # noqa: F401 - public here too
-from edge_sdk.bundle import Configuration
 from edge_sdk.errors import BudgetError, BudgetNotMetError, ConfigError
 from edge_sdk.policy.estimates import Estimates
+from edge_sdk.policy.plan import MODES, Plan, Planner, Stage
 from edge_sdk.validation import show
 
-MODES = ("best", "cascade")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One configuration the runtime runs. ``accept``: the confidence at which this stage's
-    answer stands (None: the last stage, it always stands)."""
-
-    config: Configuration
-    accept: float | None
-    predicted_ms: float  # end-to-end, what the budget check before this stage adds
-
-
-@dataclass(frozen=True)
-class Plan:
-    stages: tuple[Stage, ...]
-    fits: bool  # whether the rule found a configuration predicted to fit
-    reason: str
-
+if TYPE_CHECKING:
+    from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.policy.budget import Budget, MemoryProbe
 
 def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
             lo_open: bool = False) -> float:
@@ -76,7 +58,7 @@ def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
     return int(v) if integer and isinstance(v, numbers.Integral) else float(v)
 
 
-class Policy(Estimates):
+class Policy(Estimates, Planner):
     """Selects configurations, plans the stages of a call and learns latency on this device
     (what it believes a configuration costs: :class:`edge_sdk.policy.estimates.Estimates`).
 
@@ -375,42 +357,6 @@ class Policy(Estimates):
         """What :meth:`plan` would do now, changing no state (explain())."""
         best, ok, why = self.decide(budget, n)
         return self._stages(best, ok, budget, n, why())
-
-    def _stages(self, best: Configuration, ok: bool, budget: Budget, n: int,
-                why: str | None = None) -> Plan:
-        why = why or ("fits" if ok else "nothing fits: the cheapest")
-        lat_best = self.predicted_latency_ms(best, n)
-        final = Stage(best, None, lat_best)
-        if self.mode == "best":
-            return Plan((final,), ok, why)
-        if not self.climb_only and any(best.id in c.cascade for c in self._configs):
-            plans = [(self.predicted_latency_ms(c, n)
-                      + (1 - (c.cascade[best.id]["coverage"] or 0.0)) * lat_best, c)
-                     for c in self._configs
-                     if best.id in c.cascade and c.cascade[best.id]["threshold"] is not None
-                     and self.fits(c, budget, n=n)]
-            expected, first = min(plans, key=lambda t: t[0], default=(math.inf, None))
-            if first is None or expected >= lat_best:
-                return Plan((final,), ok, why + "; no first stage pays off")
-            return Plan((Stage(first, first.cascade[best.id]["threshold"],
-                               self.predicted_latency_ms(first, n)), final), ok,
-                        why + f"; cascade: {first.id} answers when confident "
-                              f"(expected {expected:.4g} ms vs {lat_best:.4g} ms)")
-        # no exported plans: climb the widths of best's scope and sample count on the
-        # target-accuracy thresholds (one rung per width: with S = 1 .. S_max each its own
-        # configuration, a width has several of a scope)
-        ladder = sorted((c for c in self._configs if c.scope == best.scope
-                         and c.samples == best.samples
-                         and c.width <= best.width and self.fits(c, budget, n=n)),
-                        key=lambda c: c.width) or [best]
-        stages = []
-        for i, c in enumerate(ladder):
-            last = i + 1 == len(ladder)
-            t = c.thresholds.get(self.target)
-            stages.append(Stage(c, None if last else (math.inf if t is None else t),
-                                self.predicted_latency_ms(c, n)))
-        return Plan(tuple(stages), ok, why + f"; climb through {len(stages)} width(s)")
-
 
 def _mb(v: float | None) -> str:
     return "none" if v is None else f"{v:g} MB"

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edge_sdk.policy.budget import Budget
+    from edge_sdk.policy.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -58,3 +62,24 @@ class Explanation:
         lines.append(f"chosen: {self.chosen} ({'fits' if self.fits else 'does NOT fit'}): "
                      f"{self.reason}")
         return "\n".join(lines)
+
+
+def decision_table(pol: Policy, budget: Budget, n: int, policy_name: str) -> Explanation:
+    """What the policy would do for a call of ``n`` samples under ``budget`` now, row by row
+    (changes no state; the caller holds the policy's lock)."""
+    plan = pol.preview(budget, n)
+    limit = pol.memory_limit_mb(budget)
+    staged = {s.config.id: i + 1 for i, s in enumerate(plan.stages)}
+    chosen = plan.stages[-1].config
+    rows = []
+    for rank, c in enumerate(pol.ranked, 1):
+        pred = pol.predicted_latency_ms(c, n)
+        rows.append(ExplainRow(
+            config_id=c.id, quality_rank=rank, predicted_ms=pred,
+            source=pol.latency_source(c), first_use_ms=pol.first_use_ms.get(c.id),
+            memory_mb=pol.memory_need_mb(c),
+            fits_latency=budget.latency_ms is None or pred <= budget.latency_ms,
+            fits_memory=pol.memory_need_mb(c) <= limit, chosen=c is chosen,
+            stage=staged.get(c.id) if len(plan.stages) > 1 else None))
+    return Explanation(budget.latency_ms, budget.memory_mb, limit, policy_name,
+                       chosen.id, plan.fits, plan.reason, tuple(rows))

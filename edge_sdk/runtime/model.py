@@ -22,32 +22,34 @@ import numpy.typing as npt
 from edge_sdk.answers.graph import RawInput
 from edge_sdk.backends import check_bundle, interpreter_class
 from edge_sdk.policy.budget import Budget, MemoryProbe, check_budget
-from edge_sdk.bundle import Configuration, InputSpec, Manifest, read_manifest
-from edge_sdk.validation import show
+from edge_sdk.bundle.reading import read_manifest
 from edge_sdk.store.sources import SliceSource, open_slices
 from edge_sdk.errors import BudgetError, ConfigError
-from edge_sdk.runtime.explain import ExplainRow, Explanation
+from edge_sdk.runtime.explain import Explanation, decision_table
 from edge_sdk.inputs.stats import SuspectCheck
 from edge_sdk.inputs.checks import InputChecker
-from edge_sdk.policy.policy import MODES, Policy, Stage
+from edge_sdk.policy.plan import MODES, Stage
+from edge_sdk.policy.policy import Policy
 from edge_sdk.bundle.slices import read_verified
-from edge_sdk.answers.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.answers.prediction import BatchPrediction, Prediction, draft, finish
 from edge_sdk.answers.uncertainty import Uncertainty, check_alpha
 from edge_sdk.runtime.recorder import TraceRecorder
 from edge_sdk.runtime.residency import PerThread, Residency
-from edge_sdk.runtime.execute import Executor
-from edge_sdk.runtime.startup import (check_load_args, latency_priors, sdk_overhead_ms,
-                              uncertainty_widths)
+from edge_sdk.runtime.execute_batch import BatchExecutor
+from edge_sdk.runtime.startup import (answerable, check_load_args, latency_priors,
+                                      uncertainty_widths)
 
 if TYPE_CHECKING:
+    from edge_sdk.bundle.manifest import Manifest
+    from edge_sdk.bundle.input_spec import InputSpec
+    from edge_sdk.bundle.configuration import Configuration
     from edge_sdk.trust.signing import KeyLike
 
 __all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
 POLICIES = MODES
 
 
-class EdgeModel(Executor, Residency):
+class EdgeModel(BatchExecutor, Residency):
     """A loaded bundle. Thread-safe: each thread gets its own interpreters (LiteRT interpreters
     are not thread-safe), created lazily, warmed up by one invoke, and kept resident up to
     ``memory_cap_mb`` per thread."""
@@ -63,14 +65,9 @@ class EdgeModel(Executor, Residency):
                  trusted_keys: Iterable[KeyLike] | KeyLike | None = None, uncertainty: bool = True, alpha: float = 0.1,
                  conformal: str = "lac", abstain_on_ood: bool = True,
                  input_check: bool = True) -> None:
-        check_load_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb)
-        for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
-                        ("input_check", input_check)):
-            if not isinstance(v, bool):
-                raise ConfigError(f"{name} must be True or False, got {show(v)}")
-        if not isinstance(conformal, str) or conformal not in CONFORMAL_METHODS:
-            raise ConfigError(f"conformal must be one of {', '.join(CONFORMAL_METHODS)} (the "
-                              f"prediction sets' score), got {show(conformal)}")
+        check_load_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb,
+                        uncertainty=uncertainty, abstain_on_ood=abstain_on_ood,
+                        input_check=input_check, conformal=conformal)
         self.alpha = check_alpha(alpha)
         self.conformal, self.abstain_on_ood = conformal, abstain_on_ood
         self.bundle_dir = Path(bundle_dir)
@@ -93,7 +90,7 @@ class EdgeModel(Executor, Residency):
             entry = self.manifest.uncertainty
             self._unc = Uncertainty.from_bytes(read_verified(self.bundle_dir, entry),
                                                f"{self.bundle_dir}: {entry.name}")
-        self._unc_width = uncertainty_widths(self)
+        self._unc_width = uncertainty_widths(self.manifest, self._unc, self.bundle_dir)
         self._feat: dict[str, int] = {}  # config id -> its features output's tensor index
         self._qhats: dict[tuple[str, float], float | None] = {}
         key = f"{target_accuracy:g}"
@@ -125,20 +122,12 @@ class EdgeModel(Executor, Residency):
         self._labels = tuple(self.manifest.labels)
         self._configs = {c.id: c for c in self.manifest.configurations}
         self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
-        # (issue 34) the answer's softmax in the graph (edge_sdk/answers/graph.py): for the
-        # point and head slices no other configuration lists (an all-scope sample file serves
-        # several S, each with its own temperature)
-        users: dict[str, int] = {}
-        for c in self.manifest.configurations:
-            for f in c.files:
-                users[f.name] = users.get(f.name, 0) + 1
-        self._answerable = {c.files[0].name: c for c in self.manifest.configurations
-                            if c.scope in ("point", "head") and len(c.files) == 1
-                            and users[c.files[0].name] == 1}
+        # the answer's softmax in the graph, where a slice serves one configuration
+        self._answerable = answerable(self.manifest.configurations)
         self.policy = Policy(
             self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
             hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
-            overhead_ms=sdk_overhead_ms(self), prior_source=self.latency_source,
+            overhead_ms=self._sdk_overhead_ms(), prior_source=self.latency_source,
             memory_cap_mb=self.memory_cap_mb, mode=policy, target=key)
         if self.memory_cap_mb is not None:
             small = min(self.manifest.configurations, key=self.policy.memory_need_mb)
@@ -253,24 +242,8 @@ class EdgeModel(Executor, Residency):
         configuration its predicted end-to-end latency and where that comes from, first-use
         cost, memory need, whether it fits, quality rank; the choice and the reason."""
         budget = self._budget if budget is None else check_budget(budget)
-        pol = self.policy
         with self._lock:
-            plan = pol.preview(budget, n)
-            limit = pol.memory_limit_mb(budget)
-            staged = {s.config.id: i + 1 for i, s in enumerate(plan.stages)}
-            chosen = plan.stages[-1].config
-            rows = []
-            for rank, c in enumerate(pol.ranked, 1):
-                pred = pol.predicted_latency_ms(c, n)
-                rows.append(ExplainRow(
-                    config_id=c.id, quality_rank=rank, predicted_ms=pred,
-                    source=pol.latency_source(c), first_use_ms=pol.first_use_ms.get(c.id),
-                    memory_mb=pol.memory_need_mb(c),
-                    fits_latency=budget.latency_ms is None or pred <= budget.latency_ms,
-                    fits_memory=pol.memory_need_mb(c) <= limit, chosen=c is chosen,
-                    stage=staged.get(c.id) if len(plan.stages) > 1 else None))
-        return Explanation(budget.latency_ms, budget.memory_mb, limit, self.policy_name,
-                           chosen.id, plan.fits, plan.reason, tuple(rows))
+            return decision_table(self.policy, budget, n, self.policy_name)
 
     def warm_up(self, budget: Budget | None = None, config_ids: Iterable[str] | None = None
                 ) -> dict[str, float]:
@@ -289,7 +262,9 @@ class EdgeModel(Executor, Residency):
                flush_every: int = 1000) -> TraceRecorder:
         """Record every prediction from now on into ``path`` (the demo's trace format, for
         ``edge-sdk report BUNDLE --trace path``). Use as a context manager or ``close()`` it."""
-        rec = TraceRecorder(self, path, phase, flush_every)
+        run = {"bundle": str(self.bundle_dir), "backend": self.backend,
+               "policy": self.policy_name, "threads": self.threads}
+        rec = TraceRecorder(run, self._stop_recording, path, phase, flush_every)
         with self._lock:
             if self._recorder is not None and not self._recorder.closed:
                 raise ConfigError(f"already recording to {self._recorder.path}; close() it "

@@ -20,18 +20,21 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from edge_sdk.policy.budget import Budget
 from edge_sdk.errors import ConfigError
 
-if TYPE_CHECKING:  # the runtime imports this module
+if TYPE_CHECKING:
+    from edge_sdk.policy.budget import Budget
     from edge_sdk.answers.prediction import Prediction
-    from edge_sdk.runtime.model import EdgeModel
 
 
 class TraceRecorder:
-    def __init__(self, model: EdgeModel, path: str | os.PathLike[str], phase: str = "live",
+    """``run``: what the trace's run block says of the model (bundle, backend, policy,
+    threads); ``on_close``: called with the recorder when it stops (the model forgets it)."""
+
+    def __init__(self, run: Mapping[str, Any], on_close: Callable[[TraceRecorder], None],
+                 path: str | os.PathLike[str], phase: str = "live",
                  flush_every: int = 1000, max_records: int = 1_000_000) -> None:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ConfigError(f"record() needs a file path, got {path!r}")
@@ -42,7 +45,8 @@ class TraceRecorder:
         if not self.path.parent.is_dir():
             raise ConfigError(f"record(): directory {self.path.parent} does not exist")
         self.phase = phase
-        self._model = model
+        self._run = dict(run)
+        self._on_close = on_close
         self._flush_every = flush_every
         self._records: deque[dict[str, Any]] = deque(maxlen=max_records)  # oldest dropped beyond max_records
         self._step = 0
@@ -71,10 +75,7 @@ class TraceRecorder:
     def flush(self) -> Path:
         with self._lock:
             records = list(self._records)
-        m = self._model
-        run = {"command": "edge_sdk.EdgeModel.record", "bundle": str(m.bundle_dir),
-               "backend": m.backend, "policy": m.policy_name, "threads": m.threads,
-               "started": self._started,
+        run = {"command": "edge_sdk.EdgeModel.record", **self._run, "started": self._started,
                "host": {"cpus": os.cpu_count(),
                         "system": f"{platform.system()} {platform.machine()}",
                         "python": platform.python_version()}}
@@ -94,7 +95,7 @@ class TraceRecorder:
         path = self.flush()
         with self._lock:
             self.closed = True
-        self._model._stop_recording(self)
+        self._on_close(self)
         return path
 
     def __enter__(self) -> TraceRecorder:

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from edge_sdk.answers.graph import ANSWER, RawInput, runtime_graph
-from edge_sdk.bundle import Configuration, FileEntry
 
 if TYPE_CHECKING:
-    from edge_sdk.bundle import Manifest
+    from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.bundle.records import FileEntry
+    from edge_sdk.bundle.manifest import Manifest
     from edge_sdk.store.sources import SliceSource
     from edge_sdk.inputs.checks import InputChecker
     from edge_sdk.policy.policy import Policy

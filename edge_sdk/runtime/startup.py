@@ -8,34 +8,42 @@ width's OOD statistics each configuration reads.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
 
-from edge_sdk.answers.maths import answer_top, eager_fields, lean_top, probabilities
 from edge_sdk.policy.budget import MAX_MEMORY_MB, bounded_number
-from edge_sdk.bundle import Configuration, width_key
+from edge_sdk.bundle.records import width_key
+from edge_sdk.answers.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError, ConfigError, ProfileError
-from edge_sdk.policy.policy import MODES
-from edge_sdk.answers.prediction import answer, lean_answer
-from edge_sdk.policy.profiles import DeviceProfile, find_cached, load_profile, manifest_sha256
+from edge_sdk.policy.plan import MODES
+from edge_sdk.policy.measured import find_cached, manifest_sha256
+from edge_sdk.policy.profiles import DeviceProfile, load_profile
 from edge_sdk.validation import show
 
 if TYPE_CHECKING:
-    from edge_sdk.runtime.model import EdgeModel
+    from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.answers.uncertainty import Uncertainty
+    from edge_sdk.bundle.manifest import Manifest
 
-__all__ = ["MAX_THREADS", "check_load_args", "latency_priors", "sdk_overhead_ms",
+__all__ = ["MAX_THREADS", "answerable", "check_load_args", "latency_priors",
            "uncertainty_widths"]
 
 MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
 
 
 def check_load_args(profile: object, threads: object, policy: object, target_accuracy: object,
-                    strict: object, memory_cap_mb: object) -> None:
+                    strict: object, memory_cap_mb: object, *, uncertainty: object = True,
+                    abstain_on_ood: object = True, input_check: object = True,
+                    conformal: object = "lac") -> None:
     """load()'s arguments, typed before the bundle is read."""
+    for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
+                    ("input_check", input_check)):
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name} must be True or False, got {show(v)}")
+    if not isinstance(conformal, str) or conformal not in CONFORMAL_METHODS:
+        raise ConfigError(f"conformal must be one of {', '.join(CONFORMAL_METHODS)} (the "
+                          f"prediction sets' score), got {show(conformal)}")
     if profile is not None and not isinstance(profile, (str, os.PathLike)):
         raise ProfileError(f"profile must be 'auto', a built-in profile name, a YAML path or "
                            f"None, got {type(profile).__name__} {profile!r}")
@@ -51,7 +59,7 @@ def check_load_args(profile: object, threads: object, policy: object, target_acc
                           f"{show(target_accuracy)}")
     if not isinstance(strict, bool):
         raise ConfigError(f"strict must be True or False, got {strict!r}")
-    if memory_cap_mb is not None:  # bounded: 10**400 raised a raw OverflowError (issue 36)
+    if memory_cap_mb is not None:  # bounded: 10**400 raised a raw OverflowError
         bounded_number(memory_cap_mb, "memory_cap_mb", MAX_MEMORY_MB, "MB")
 
 
@@ -83,63 +91,36 @@ def latency_priors(bundle_dir: Path, configs: Sequence[Configuration],
         c.id: prof.estimate_ms(c.macs, c.invokes, threads, c.weights) for c in configs}
 
 
-def sdk_overhead_ms(model: EdgeModel, repeats: int = 15) -> dict[str, float]:
-    """The SDK's own time per call outside the interpreter (input checks, normalisation,
-    the answer's maths), measured here on this host, so an unmeasured configuration's
-    end-to-end prior is its invoke prior plus this. Keyed by the answer's shape."""
-    lo, hi = model.manifest.input.value_range
-    x = np.full(model._inputs.want, (lo + hi) / 2,
-                np.uint8 if model.manifest.input.dtype == "uint8" else np.float32)
-    by_shape: dict[tuple[int, int, bool], float] = {}
-    out = {}
-    for c in model.manifest.configurations:
-        rows = 1 if c.scope == "point" else c.samples
-        graph = c.files[0].name in model._answerable  # edge_sdk.answers.graph
-        shape = (rows, c.invokes, graph)
-        if shape not in by_shape:
-            logits = np.zeros((rows, model._classes), np.float32)
-            p = np.full((1, model._classes), 1 / model._classes, np.float32)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                model._inputs.feed(x)
-                if model._suspect is not None:
-                    model._suspect.one(x)
-                top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
-                       else lean_top(c, logits))
-                if model._unc is None and top is not None:  # _execute_one's lean answer
-                    lp, lab, conf, lz = top
-                    lean_answer(c, model._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
-                                lp)
-                else:
-                    pr, h, mi, lab, conf = probabilities(c, logits) if top is None \
-                        else eager_fields(top)
-                    # the score and the set: their own cost
-                    model._uncertain(c, pr, [], c.id, None, probe=True)
-                    answer(c, model._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
-                times.append(time.perf_counter() - t0)
-            by_shape[shape] = statistics.median(times) * 1e3
-        out[c.id] = by_shape[shape]
-    return out
-
-
-def uncertainty_widths(model: EdgeModel) -> dict[str, str]:
+def uncertainty_widths(manifest: Manifest, unc: Uncertainty | None, bundle_dir: Path
+                       ) -> dict[str, str]:
     """config id -> width key of its OOD statistics: the point and head configurations
     (the head scope runs the point backbone); BundleError when the file lacks a width or a
     configuration the manifest has."""
-    entry = model.manifest.uncertainty
-    if model._unc is None or entry is None:  # (the statistics come from that entry)
+    entry = manifest.uncertainty
+    if unc is None or entry is None:  # (the statistics come from that entry)
         return {}
     out = {}
-    where = f"{model.bundle_dir}: {entry.name}"
-    for c in model.manifest.configurations:
-        if c.id not in model._unc.quantiles:
+    where = f"{bundle_dir}: {entry.name}"
+    for c in manifest.configurations:
+        if c.id not in unc.quantiles:
             raise BundleError(f"{where}: no conformal quantiles for configuration "
                               f"{c.id!r} (the file belongs to another export)")
         if c.scope in ("point", "head"):
             wk = width_key(c.width)
-            if wk not in model._unc.widths:
+            if wk not in unc.widths:
                 raise BundleError(f"{where}: no OOD statistics for width {wk} "
                                   f"(configuration {c.id!r})")
             out[c.id] = wk
     return out
+
+
+def answerable(configs: Sequence[Configuration]) -> dict[str, Configuration]:
+    """File name -> the configuration whose answer (the tempered softmax) its runtime graph
+    computes (edge_sdk.answers.graph): the point and head slices no other configuration
+    lists (an all-scope sample file serves several S, each with its own temperature)."""
+    users: dict[str, int] = {}
+    for c in configs:
+        for f in c.files:
+            users[f.name] = users.get(f.name, 0) + 1
+    return {c.files[0].name: c for c in configs
+            if c.scope in ("point", "head") and len(c.files) == 1 and users[c.files[0].name] == 1}

@@ -7,16 +7,18 @@ numpy only; every inconsistency in the store is a :class:`BundleError` naming th
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.errors import BundleError
 from edge_sdk.store import sampler
-from edge_sdk.store.container import Store
 from edge_sdk.store.packing import Indices, Packed, unpack_bits, unpack_lookup, unpack_mask
 from edge_sdk.store.quant import along
+
+if TYPE_CHECKING:
+    from edge_sdk.store.container import Store
 
 __all__ = ["decode_point", "sample_seed", "sample_weights", "sigma_reference"]
 

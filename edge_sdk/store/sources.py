@@ -30,23 +30,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.manifest import Manifest
-from edge_sdk.bundle.reading import PathLike, resolve_file
-from edge_sdk.bundle.records import Recipe, StoreEntry
+from edge_sdk.bundle.files import PathLike, resolve_file
 from edge_sdk.bundle.slices import _read_once, check_slice, read_slices, verify_bytes
 from edge_sdk.errors import BundleError, EdgeSdkError
 
 if TYPE_CHECKING:  # numpy: imported at run time for store bundles alone
-    from edge_sdk.trust.signing import KeyLike
+    from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.bundle.records import Recipe, StoreEntry
     from edge_sdk.store.container import Store
 
-__all__ = ["FileSlices", "SliceSource", "StoreSlices", "files_manifest", "layout_of",
-           "materialize_bundle", "open_slices", "read_store", "representatives"]
+__all__ = ["FileSlices", "SliceSource", "StoreSlices", "layout_of", "open_slices", "read_store",
+           "representatives"]
 
 MB = 2 ** 20
 # what a broken store or recipe raises from numpy / struct / the writer: reported as a
@@ -121,7 +120,7 @@ def read_store(bundle_dir: PathLike, manifest: Manifest) -> Store:
     compressed store, container version 2, is inflated only after that check, so nothing
     unverified reaches zlib). BundleError naming the file for a missing, truncated, modified
     or undecodable store."""
-    from edge_sdk.store import decode_store  # numpy only; imported for store bundles alone
+    from edge_sdk.store.container import decode_store  # numpy only; imported for store bundles alone
 
     root = Path(bundle_dir)
     entry = _store_entry(root, manifest)
@@ -188,7 +187,7 @@ class StoreSlices(SliceSource):
                  materialize: Callable[[Store, Manifest, Configuration, int], bytes] | None = None
                  ) -> None:
         if materialize is None:
-            from edge_sdk.store import materialize_file
+            from edge_sdk.store.materialize import materialize_file
 
             materialize = materialize_file
         self._store, self._manifest, self._where = store, manifest, where
@@ -338,62 +337,3 @@ def open_slices(bundle_dir: PathLike, manifest: Manifest,
         cap = None if memory_cap_mb is None else memory_cap_mb * MB
         return StoreSlices.read(bundle_dir, manifest, cap)
     return FileSlices.read(bundle_dir, manifest)
-
-
-def files_manifest(manifest: Manifest) -> Manifest:
-    """The ``layout: files`` manifest of a store bundle's slices: the same configurations and
-    file entries (so the same sha256 per file), without the store, the graphs and the recipes,
-    and ``source.materialized_from`` naming the store it came from (provenance; nothing
-    checks it)."""
-    data = manifest.to_dict(expand=True)  # file entries in every configuration
-    store = data.pop("store")
-    data.pop("graphs", None)
-    data.pop("slices", None)
-    data["layout"] = "files"
-    data["source"] = {**data.get("source", {}), "materialized_from": {
-        "store": store["name"], "sha256": store["sha256"], "bytes": store["bytes"]}}
-    for c in data["configurations"]:
-        c.pop("materialize", None)
-    return Manifest.from_dict(data)
-
-
-def materialize_bundle(bundle_dir: PathLike, out_dir: PathLike, *, force: bool = False,
-                       key: KeyLike | None = None,
-                       trusted_keys: Iterable[KeyLike] | KeyLike | None = None
-                       ) -> tuple[Path, dict[str, float]]:
-    """Write the ``files`` bundle of store bundle ``bundle_dir`` at ``out_dir`` (``edge-sdk
-    materialize``): every file materialised once from the verified store and verified (sha256
-    == the store manifest's, tensors), then written atomically (:func:`write_bundle`, which
-    checks every sha256 again). Returns (the bundle path, ms per file).
-
-    Signed bundles (issue 36): ``trusted_keys`` verifies the store bundle's signature first;
-    ``key`` signs the written bundle inside the same atomic write. A signed store bundle is
-    never materialised unsigned: its signature covers the store manifest, not the new one,
-    so without ``key`` it is refused (SignatureError) before anything is written."""
-    from edge_sdk.bundle.reading import read_manifest
-    from edge_sdk.bundle.writing import write_bundle
-    from edge_sdk.errors import SignatureError
-    from edge_sdk.trust.signing import SIGNATURE_NAME, read_trusted_manifest, signer
-
-    if trusted_keys is not None:
-        manifest = read_trusted_manifest(bundle_dir, trusted_keys)
-    else:
-        manifest = read_manifest(bundle_dir, verify=False)
-    signed = (Path(bundle_dir) / SIGNATURE_NAME).exists()
-    if signed and key is None:
-        raise SignatureError(f"{bundle_dir} is signed and its signature cannot cover the "
-                             "materialised bundle's new manifest: pass --key (key=) to sign the "
-                             "new bundle, or nothing is written")
-    sign = None if key is None else signer(key)  # a bad key fails before any work
-    if layout_of(manifest) != "store":
-        raise BundleError(f"{bundle_dir}: already a files bundle (layout "
-                          f"{layout_of(manifest)!r}, schema version {manifest.schema_version}): "
-                          f"its .tflite files are in the directory, nothing to materialise")
-    source = StoreSlices.read(bundle_dir, manifest, cap_bytes=0)
-    files = {name: source.build(name) for name in source.names()}  # build: nothing cached
-    if manifest.uncertainty is not None:  # (issue 33) the same verified file in both layouts
-        from edge_sdk.bundle.slices import read_verified
-
-        files[manifest.uncertainty.name] = read_verified(bundle_dir, manifest.uncertainty)
-    out = write_bundle(out_dir, files_manifest(manifest), files, force=force, sign=sign)
-    return out, dict(source.materialize_ms)

@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
-from edge_sdk.tflite.graph import Graph, Op, Quantization, Tensor, check_tensor
+from edge_sdk.tflite.graph import Graph, check_tensor
+from edge_sdk.tflite.tensors import Op, Quantization, Tensor
 from edge_sdk.tflite.ops import infer_shape
 
 IntPair = int | Sequence[int]  # 2 or [2, 2]: a window's size or stride (edge_sdk.tflite.ops.pair)

@@ -24,7 +24,7 @@ that knows each op's output shape; :meth:`Graph.validate` re-runs it on a loaded
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
 
 import numpy as np
@@ -32,12 +32,9 @@ import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
 from edge_sdk.tflite.ops import infer_shape
+from edge_sdk.tflite.tensors import DTYPES, QUANT_AXIS, Op, Quantization, Tensor
 
 GRAPH_VERSION = 1
-DTYPES = ("float32", "int8", "int32", "uint8")  # uint8: a raw image input (CAST)
-# the weighted layer kinds and the axis their per-channel int8 scales run along in TFLite
-# (CONV_2D / FULLY_CONNECTED filters: 0, the output channel; DEPTHWISE_CONV_2D [1, kh, kw, C]: 3)
-QUANT_AXIS = {"conv": 0, "depthwise": 3, "linear": 0}
 _S = TypeVar("_S", bound=np.generic)
 
 
@@ -60,32 +57,6 @@ def tflite_weight(w: npt.NDArray[_S], kind: str, flat_hw: tuple[int, int] | None
         o = w.shape[0]
         return w.reshape(o, -1, h, ww).transpose(0, 2, 3, 1).reshape(o, -1)
     raise ConfigError(f"weight kind must be one of {', '.join(QUANT_AXIS)}, got {kind!r}")
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """Symmetric per-channel int8: ``real = q * scale[c]`` along ``axis`` (TFLite schema
-    ``QuantizationParameters``: scale, zero_point all 0, quantized_dimension)."""
-
-    scale: tuple[float, ...]
-    axis: int = 0
-
-
-@dataclass
-class Tensor:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    weight: str | None = None  # a constant: the key of its array in ``weights``
-    quant: Quantization | None = None
-
-
-@dataclass
-class Op:
-    op: str
-    inputs: list[str | None]  # None: an optional input left out (FULLY_CONNECTED's bias)
-    outputs: list[str]
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

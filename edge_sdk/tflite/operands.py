@@ -10,12 +10,12 @@ calls these for each operator (:func:`~edge_sdk.tflite.reader.read_graph`); move
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
-from edge_sdk.tflite.flatbuffer import Flat
 
-if TYPE_CHECKING:  # tflite_reader imports this module; its types are only annotations here
-    from edge_sdk.tflite.reader import Weights, _Entry
+if TYPE_CHECKING:
+    from edge_sdk.tflite.tensors import TensorEntry, Weights
+    from edge_sdk.tflite.flatbuffer import Flat
 
 # ops whose second input is an int32 operand the writer makes from an option
 OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
@@ -24,7 +24,7 @@ OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": 
 
 
 def operand(op: str, ins: list[str | None], options: dict[str, Any], weights: Weights,
-            tensors: list[_Entry], operand_of: dict[str, str], flat: Flat, where: str
+            tensors: list[TensorEntry], operand_of: dict[str, str], flat: Flat, where: str
             ) -> list[str | None]:
     """RESHAPE / PAD / MEAN: input 1 is an int32 constant the writer made from an option;
     it becomes that option again (and must agree with ReshapeOptions.new_shape)."""
@@ -68,7 +68,7 @@ def operand(op: str, ins: list[str | None], options: dict[str, Any], weights: We
     return ins[:1]
 
 
-def scalar_operand(name: str | None, weights: Weights, tensors: list[_Entry],
+def scalar_operand(name: str | None, weights: Weights, tensors: list[TensorEntry],
                    operand_of: dict[str, str], flat: Flat, where: str) -> float:
     """A float32 [1] constant the writer made from an option (PADV2's value, ADD / MUL's
     scalar), used by this op alone; it becomes that option again."""

@@ -8,14 +8,14 @@ tensor: MUL with broadcasting (squeeze-excitation gates), PADV2 (max pooling's p
 RESIZE_BILINEAR (upsampling). numpy only."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, SupportsInt
+from typing import Any, Iterable, Mapping, Sequence, SupportsInt, TYPE_CHECKING
 
 import numpy as np
 
 from edge_sdk.errors import ConfigError
 
-if TYPE_CHECKING:  # graph.py imports this module; the tensors are only read here
-    from edge_sdk.tflite.graph import Tensor
+if TYPE_CHECKING:
+    from edge_sdk.tflite.tensors import Tensor
 
 ACTIVATIONS = (None, "relu", "relu6")
 PADDINGS = ("SAME", "VALID")

@@ -39,16 +39,14 @@ import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError, SliceError
 from edge_sdk.tflite.flatbuffer import Flat, Table
-from edge_sdk.tflite.graph import Graph, Op, Quantization, Tensor
+from edge_sdk.tflite.graph import Graph
+from edge_sdk.tflite.tensors import Op, Quantization, Tensor, TensorEntry, Weights
 from edge_sdk.tflite.operands import OPERANDS, operand, scalar_operand
-from edge_sdk.tflite.writer import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
+from edge_sdk.tflite.schema import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
 __all__ = ["read_graph", "MAX_ELEMENTS"]
 
 _V = TypeVar("_V")
-Weights = dict[str, npt.NDArray[Any]]
-# a tensor as read, with its shape signature (None: the file gives none)
-_Entry = tuple[Tensor, tuple[int, ...] | None]
 
 _OP_OF_CODE = {v: k for k, v in BUILTIN_CODES.items()}
 _DTYPE_OF_TYPE = {v: k for k, v in TENSOR_TYPES.items()}
@@ -221,7 +219,7 @@ def _read(flat: Flat) -> tuple[Graph, Weights]:
     if len(subgraphs) != 1:
         raise flat.bad(f"{len(subgraphs)} subgraphs, expected exactly 1")
     sg = subgraphs[0]
-    tensors: list[_Entry] = []
+    tensors: list[TensorEntry] = []
     weights: Weights = {}
     used_buffers: set[int] = set()
     for i, t in enumerate(sg.tables(0, "Tensor", _MAX_TENSORS)):
@@ -329,7 +327,7 @@ def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat
     return Quantization(tuple(float(s) for s in scale), int(axis))
 
 
-def _batch_dim(tensors: list[_Entry], io: dict[str, list[str]], flat: Flat) -> int | None:
+def _batch_dim(tensors: list[TensorEntry], io: dict[str, list[str]], flat: Flat) -> int | None:
     """0 when every graph input and output's shape signature marks dimension 0 as -1 (and
     nothing else), None when none has one; any other signature is refused."""
     ends = set(io["inputs"]) | set(io["outputs"])

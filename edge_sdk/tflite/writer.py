@@ -27,36 +27,23 @@ int64 zero points, 16-byte aligned buffer data, a zero bias for convs that have 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TYPE_CHECKING
 
 import flatbuffers
 import numpy as np
 import numpy.typing as npt
 
-from edge_sdk.errors import ConfigError
-from edge_sdk.tflite.graph import Graph, Quantization, check_weight
+from edge_sdk.tflite.graph import Graph, check_weight
 from edge_sdk.tflite.ops import pair
+from edge_sdk.tflite.schema import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
-__all__ = ["BUILTIN_CODES", "OPTIONS_TYPES", "TENSOR_TYPES", "write_tflite"]
+if TYPE_CHECKING:
+    from edge_sdk.tflite.tensors import Quantization
 
-# schema.fbs enum BuiltinOperator
-BUILTIN_CODES = {"ADD": 0, "AVERAGE_POOL_2D": 1, "CONCATENATION": 2, "CONV_2D": 3,
-                 "DEPTHWISE_CONV_2D": 4, "DEQUANTIZE": 6, "FULLY_CONNECTED": 9,
-                 "MAX_POOL_2D": 17, "RELU": 19, "RELU6": 21, "RESHAPE": 22, "SOFTMAX": 25,
-                 "PAD": 34, "MEAN": 40, "MUL": 18, "LOGISTIC": 14, "PADV2": 60,
-                 "HARD_SWISH": 117, "SLICE": 65, "GATHER": 36,
-                 "RESIZE_NEAREST_NEIGHBOR": 97, "RESIZE_BILINEAR": 23, "CAST": 53}
-# schema.fbs union BuiltinOptions: the options table each op carries (0 = none)
-OPTIONS_TYPES = {"Conv2DOptions": 1, "DepthwiseConv2DOptions": 2, "Pool2DOptions": 5,
-                 "FullyConnectedOptions": 8, "SoftmaxOptions": 9, "ConcatenationOptions": 10,
-                 "AddOptions": 11, "ReshapeOptions": 17, "PadOptions": 22, "ReducerOptions": 27,
-                 "DequantizeOptions": 38, "MulOptions": 21, "PadV2Options": 43,
-                 "GatherOptions": 23, "ResizeBilinearOptions": 15,
-                 "ResizeNearestNeighborOptions": 74}
-TENSOR_TYPES = {"float32": 0, "int32": 2, "uint8": 3, "int8": 9}  # enum TensorType
+__all__ = ["write_tflite"]
+
 _PADDING = {"SAME": 0, "VALID": 1}  # enum Padding
 _ACTIVATION = {None: 0, "relu": 1, "relu6": 3}  # enum ActivationFunctionType
-MODEL_VERSION = 3  # (issue) the schema version every runtime expects
 _ALIGN = 16  # (issue) Buffer.data is force_align: 16, as TFLite's own converter writes it
 
 

@@ -33,7 +33,11 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
-from edge_sdk import bundle as B
+from edge_sdk.bundle.configuration import Configuration
+from edge_sdk.bundle.input_spec import InputSpec
+from edge_sdk.bundle.manifest import Manifest
+from edge_sdk.bundle.records import BUNDLE_LAYOUTS, FileEntry, INPUT_DTYPES, LAYOUTS, OUTPUT_KINDS, OutputSpec, Recipe, SCHEMA_VERSION, SCOPES, Slice, StoreEntry, WEIGHT_ROUTES
+from edge_sdk.bundle.stats import InputStats
 from edge_sdk.trust.schema_check import check
 
 __all__ = ["CONSTRAINTS", "RECORDS", "SCHEMA_PATH", "manifest_json_schema", "schema_text",
@@ -44,8 +48,8 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 #: checkout around it), ``manifest.schema.json`` in the working directory.
 SCHEMA_PATH = _CHECKOUT / "docs" / "manifest.schema.json" \
     if (_CHECKOUT / "pyproject.toml").is_file() else Path("manifest.schema.json")
-RECORDS: tuple[type, ...] = (B.Manifest, B.InputSpec, B.OutputSpec, B.FileEntry,
-                             B.Configuration, B.StoreEntry, B.Recipe, B.Slice, B.InputStats)
+RECORDS: tuple[type, ...] = (Manifest, InputSpec, OutputSpec, FileEntry,
+                             Configuration, StoreEntry, Recipe, Slice, InputStats)
 
 _PROBABILITY = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
 
@@ -54,12 +58,12 @@ _PROBABILITY = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
 #: key names a real field.
 CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.schema_version": {
-        "const": B.SCHEMA_VERSION, "required": True,
+        "const": SCHEMA_VERSION, "required": True,
         "description": "The format version; a reader refuses any it does not know (read it "
                        "first). edge_sdk also reads versions 5 (no input_stats), 4 (no uncertainty), 3, 2 (without layout, store, graphs "
                        "and materialize: layout files) and 1 (version 2 without batch_dim)."},
     "Manifest.layout": {
-        "enum": list(B.BUNDLE_LAYOUTS),
+        "enum": list(BUNDLE_LAYOUTS),
         "description": "files: every listed .tflite file is in the bundle directory. store: "
                        "the directory holds one weight store (store) and every file is "
                        "materialised from it by its recipe (docs/store.md)."},
@@ -121,8 +125,8 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
         "minItems": 4, "maxItems": 4, "prefixItems": [{"const": 1}], "items": {"minimum": 1},
         "description": "[1, H, W, C]: one sample (NHWC), the slices' input as written; "
                        "batch_dim says whether it resizes to [N, H, W, C]."},
-    "InputSpec.layout": {"enum": list(B.LAYOUTS)},
-    "InputSpec.dtype": {"enum": list(B.INPUT_DTYPES)},
+    "InputSpec.layout": {"enum": list(LAYOUTS)},
+    "InputSpec.dtype": {"enum": list(INPUT_DTYPES)},
     "InputSpec.value_range": {
         "minItems": 2, "maxItems": 2,
         "description": "[lo, hi], lo < hi: the raw values predict accepts (before "
@@ -133,7 +137,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "InputSpec.std": {"minItems": 1, "items": {"exclusiveMinimum": 0},
                       "description": "Per channel (C values), > 0."},
     "OutputSpec.kind": {
-        "enum": list(B.OUTPUT_KINDS),
+        "enum": list(OUTPUT_KINDS),
         "description": "logits: the softmax is the reader's, at the configuration's "
                        "temperature."},
     "OutputSpec.shape": {
@@ -152,7 +156,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                                            "Required unless the files are slice names (layout "
                                            "store): then left out = its first slice's width."},
     "Configuration.scope": {
-        "enum": list(B.SCOPES), "required": False,
+        "enum": list(SCOPES), "required": False,
         "description": "point: the posterior mean, one file, one invoke. head: point backbone "
                        "with S sampled classifiers in one graph, one file, output [S, C]. "
                        "all: S fully sampled networks, S files, one invoke each, [1, C] each. "
@@ -181,7 +185,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
         "description": "Whether the files' logits already include 1/temperature (the "
                        "exporter writes false; edge_sdk divides by temperature either way). "
                        "Files listed by slice name: left out = false."},
-    "Configuration.weights": {"enum": list(B.WEIGHT_ROUTES), "required": False,
+    "Configuration.weights": {"enum": list(WEIGHT_ROUTES), "required": False,
                               "description": "Files listed by slice name: left out = "
                                              "dequantize."},
     "Configuration.output": {"required": False,
@@ -338,11 +342,11 @@ def manifest_json_schema() -> dict[str, Any]:
     unknown = sorted(set(CONSTRAINTS) - known)
     if unknown:
         raise KeyError(f"CONSTRAINTS names fields the dataclasses do not have: {unknown}")
-    top = _record_schema(B.Manifest)
+    top = _record_schema(Manifest)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://edge-sdk/manifest.schema.v{B.SCHEMA_VERSION}.json",
-        "title": f"edge-sdk bundle manifest (manifest.yaml), schema version {B.SCHEMA_VERSION}",
+        "$id": f"https://edge-sdk/manifest.schema.v{SCHEMA_VERSION}.json",
+        "title": f"edge-sdk bundle manifest (manifest.yaml), schema version {SCHEMA_VERSION}",
         "$comment": "Generated by `python -m edge_sdk.trust.schema` from the dataclasses in "
                     "edge_sdk/bundle/; do not edit. Cross-field rules (files and invokes per "
                     "scope and samples, output rows per scope, one output class per label, "
@@ -350,7 +354,7 @@ def manifest_json_schema() -> dict[str, Any]:
                     "checked by edge_sdk.bundle.read_manifest.",
         **top,
         "$defs": {cls.__name__: _record_schema(cls) for cls in RECORDS
-                  if cls is not B.Manifest},
+                  if cls is not Manifest},
     }
 
 

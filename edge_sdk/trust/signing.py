@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Union
 
 from edge_sdk.bundle.reading import _MAX_MANIFEST_BYTES, _parse_manifest_text
-from edge_sdk.bundle.records import MANIFEST_NAME
+from edge_sdk.bundle.records import MANIFEST_NAME, SIGNATURE_NAME
 from edge_sdk.errors import (
     BundleError,
     ConfigError,
@@ -60,11 +60,10 @@ if TYPE_CHECKING:  # cryptography is the optional [sign] extra: imported where u
 
     from edge_sdk.bundle.manifest import Manifest
 
-__all__ = ["INSTALL", "SIGNATURE_NAME", "KeyLike", "generate_keypair", "key_id",
+__all__ = ["INSTALL", "KeyLike", "generate_keypair", "key_id",
            "load_private_key", "load_public_key", "read_trusted_manifest", "sign_bundle",
            "signature_text", "signer"]
 
-SIGNATURE_NAME = MANIFEST_NAME + ".sig"
 INSTALL = "pip install 'nested-edge-sdk[sign]'"
 KeyLike = Union[str, "os.PathLike[str]", bytes]
 _HEADER = "edge-sdk-signature: 1"

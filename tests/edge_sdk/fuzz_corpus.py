@@ -91,7 +91,7 @@ class Anatomy:
 
 
 def anatomy(blob: bytes) -> Anatomy:
-    from edge_sdk.tflite.writer import BUILTIN_CODES, TENSOR_TYPES
+    from edge_sdk.tflite.schema import BUILTIN_CODES, TENSOR_TYPES
 
     code_name = {v: k for k, v in BUILTIN_CODES.items()}
     type_name = {v: k for k, v in TENSOR_TYPES.items()}

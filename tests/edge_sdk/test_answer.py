@@ -15,7 +15,8 @@ from test_policy import FakeClock
 
 import edge_sdk
 from edge_sdk.answers import metrics as M
-from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.budget import Budget, MemoryProbe
+from edge_sdk.policy.policy import Policy
 
 PLENTY_MB = 1e6
 

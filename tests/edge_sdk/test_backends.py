@@ -280,7 +280,7 @@ def test_load_refuses_a_bundle_its_backend_would_answer_wrongly(bundle, tmp_path
 
 
 def test_profile_measurement_refuses_it_too(bundle, tmp_path, monkeypatch):
-    from edge_sdk.policy.profiles import measure_profile
+    from edge_sdk.policy.measured import measure_profile
 
     copy, _ = _with_hybrid_file(bundle, tmp_path / "b", 12)
     if "tflite-runtime" not in USABLE:

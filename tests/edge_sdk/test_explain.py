@@ -8,7 +8,7 @@ import pytest
 
 import edge_sdk
 from edge_sdk.errors import BudgetError
-from edge_sdk.policy.policy import Budget
+from edge_sdk.policy.budget import Budget
 
 PLENTY_MB = 1e6
 

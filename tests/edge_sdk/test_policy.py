@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from edge_sdk.bundle import Configuration
 from edge_sdk.errors import BudgetError
-from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.budget import Budget, MemoryProbe
+from edge_sdk.policy.policy import Policy
 
 LABELS = 3
 PLENTY_MB = 1e9

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_policy import FakeClock, config, policy
 
-from edge_sdk.policy.policy import Budget
+from edge_sdk.policy.budget import Budget
 
 HALF_LIFE = 10.0
 

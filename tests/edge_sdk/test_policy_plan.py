@@ -10,7 +10,8 @@ import pytest
 from test_policy import FakeClock, config
 
 from edge_sdk.errors import BudgetNotMetError, ConfigError
-from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.budget import Budget, MemoryProbe
+from edge_sdk.policy.policy import Policy
 
 
 def ladder(plans: bool):

@@ -10,7 +10,8 @@ import hashlib
 import pytest
 
 from edge_sdk.bundle import Configuration
-from edge_sdk.policy.policy import Budget, MemoryProbe, Policy
+from edge_sdk.policy.budget import Budget, MemoryProbe
+from edge_sdk.policy.policy import Policy
 
 LABELS = 3
 WIDTHS = (0.25, 0.5, 0.75, 1.0)

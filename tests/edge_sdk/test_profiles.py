@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import edge_sdk
+from edge_sdk.policy import measured as M
 from edge_sdk.policy import profiles as P
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.cli.device import profile_main
@@ -289,7 +290,7 @@ def test_hybrid_below_the_int8_table_falls_back_to_fp32_at_that_thread_count():
        macs=st.lists(st.integers(1_000, 10 ** 9), min_size=2, max_size=8, unique=True))
 def test_fit_recovers_a_line_exactly(gmacs, overhead, macs):
     ms = [overhead + m / (gmacs * 1e6) for m in macs]
-    f = P.fit_throughput(macs, ms)
+    f = M.fit_throughput(macs, ms)
     assert f.gmacs == pytest.approx(gmacs, rel=1e-6)
     assert f.overhead_ms == pytest.approx(overhead, rel=1e-6, abs=1e-9 * max(ms))
 
@@ -297,7 +298,7 @@ def test_fit_recovers_a_line_exactly(gmacs, overhead, macs):
 @given(macs=st.integers(1_000, 10 ** 9),
        ms=st.lists(st.floats(0.01, 100), min_size=1, max_size=6))
 def test_one_distinct_size_gives_zero_overhead_and_the_mean_rate(macs, ms):
-    f = P.fit_throughput([macs] * len(ms), ms)
+    f = M.fit_throughput([macs] * len(ms), ms)
     assert f.overhead_ms == 0.0
     assert f.gmacs == pytest.approx(len(ms) * macs / (sum(ms) * 1e6), rel=1e-12)
     # the estimate at that size is the mean measurement (one point: that measurement), so the
@@ -311,7 +312,7 @@ def test_one_distinct_size_gives_zero_overhead_and_the_mean_rate(macs, ms):
                        min_size=1, max_size=8))
 def test_the_fit_is_positive_and_never_optimistic_on_average(points):
     macs, ms = [p[0] for p in points], [p[1] for p in points]
-    f = P.fit_throughput(macs, ms)
+    f = M.fit_throughput(macs, ms)
     assert f.gmacs > 0 and math.isfinite(f.gmacs) and f.overhead_ms >= 0
     # least squares with an intercept, or the total rate: the estimates sum to the measurements
     fitted = [m / (f.gmacs * 1e6) + f.overhead_ms for m in macs]
@@ -320,7 +321,7 @@ def test_the_fit_is_positive_and_never_optimistic_on_average(points):
 
 def test_a_negative_intercept_falls_back_to_the_mean_rate():
     # time falls with size: a line through these has a negative slope
-    f = P.fit_throughput([1e6, 2e6], [2.0, 1.0])
+    f = M.fit_throughput([1e6, 2e6], [2.0, 1.0])
     assert f.overhead_ms == 0.0 and f.gmacs == pytest.approx(3e6 / 3e6)
 
 
@@ -537,14 +538,14 @@ def test_no_profile_uses_the_manifest_latencies_or_the_fallback(bundle):
 
 @pytest.fixture(scope="module")
 def measured(bundle):
-    prof, rows = P.measure_profile(bundle, [1], repeats=2)
+    prof, rows = M.measure_profile(bundle, [1], repeats=2)
     return prof, rows
 
 
 def test_measure_profile_measures_every_configuration(bundle, measured):
     prof, rows = measured
     manifest = read_manifest(bundle)
-    assert prof.measured and prof.bundle_sha256 == P.manifest_sha256(bundle)
+    assert prof.measured and prof.bundle_sha256 == M.manifest_sha256(bundle)
     assert set(prof.latency_ms) == {1}
     assert set(prof.latency_ms[1]) == set(manifest.ids)
     assert all(v > 0 for v in prof.latency_ms[1].values())
@@ -564,12 +565,12 @@ def test_auto_uses_the_manifest_until_the_bundle_is_profiled_then_the_measuremen
         bundle, measured, private_cache):
     before = _load(bundle, threads=1)  # profile="auto" is the default
     assert before.profile is None and before.latency_source == "manifest"
-    assert P.find_cached(bundle) is None
+    assert M.find_cached(bundle) is None
 
     prof, _ = measured
-    path = P.write_profile(prof, P.cached_profile_path(bundle))
+    path = P.write_profile(prof, M.cached_profile_path(bundle))
     assert path.is_relative_to(private_cache)
-    assert P.find_cached(bundle) == prof
+    assert M.find_cached(bundle) == prof
 
     after = _load(bundle, threads=1)
     assert after.profile == prof and after.latency_source.startswith("measured profile")
@@ -585,7 +586,7 @@ def test_auto_at_an_unmeasured_thread_count_uses_the_profile_estimate(bundle, me
     prof, _ = measured
     if prof.cores < 2:
         pytest.skip("a one-core host has no second thread count")
-    P.write_profile(prof, P.cached_profile_path(bundle))
+    P.write_profile(prof, M.cached_profile_path(bundle))
     m = _load(bundle, threads=2)
     assert "MACs estimate" in m.latency_source
     for c in m.manifest.configurations:
@@ -605,10 +606,10 @@ def test_a_cached_profile_for_another_manifest_is_ignored(bundle, measured, tmp_
                                                         private_cache):
     prof, _ = measured
     other = _reexported(bundle, tmp_path / "reexported")
-    assert P.manifest_sha256(other) != P.manifest_sha256(bundle)
+    assert M.manifest_sha256(other) != M.manifest_sha256(bundle)
     # the measured profile of the original, planted where the re-export's would be
-    P.write_profile(prof, P.cached_profile_path(other))
-    assert P.find_cached(other) is None
+    P.write_profile(prof, M.cached_profile_path(other))
+    assert M.find_cached(other) is None
     m = _load(other, threads=1)
     assert m.profile is None and m.latency_source == "manifest"
     # and named explicitly, its latency table (another bundle's) is not used either
@@ -630,7 +631,7 @@ def test_profile_command_writes_a_loadable_measured_profile(bundle, tmp_path, ca
     assert str(out) in printed
     prof = P.load_profile(out)
     assert prof.measured and prof.name == "ci_host"
-    assert prof.bundle_sha256 == P.manifest_sha256(bundle)
+    assert prof.bundle_sha256 == M.manifest_sha256(bundle)
     assert set(prof.latency_ms) == {1}
     assert set(prof.latency_ms[1]) == set(read_manifest(bundle).ids)
     assert out.read_text().startswith("# Written by `edge-sdk profile`")
@@ -640,8 +641,8 @@ def test_profile_command_writes_a_loadable_measured_profile(bundle, tmp_path, ca
 
 def test_profile_command_defaults_to_the_cache(bundle, private_cache, capsys):
     assert profile_main([str(bundle), "--repeats", "1", "--threads", "1"]) == 0
-    assert P.cached_profile_path(bundle).is_file()
-    assert P.find_cached(bundle) is not None
+    assert M.cached_profile_path(bundle).is_file()
+    assert M.find_cached(bundle) is not None
     assert _load(bundle, threads=1).latency_source.startswith("measured profile")
 
 
@@ -660,4 +661,4 @@ def test_profile_command_refuses_non_integer_thread_counts(bundle, tmp_path):
 
 def test_measure_profile_refuses_zero_repeats(bundle):
     with pytest.raises(ProfileError, match="repeats"):
-        P.measure_profile(bundle, [1], repeats=0)
+        M.measure_profile(bundle, [1], repeats=0)

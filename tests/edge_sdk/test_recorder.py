@@ -10,7 +10,7 @@ import pytest
 
 import edge_sdk
 from edge_sdk.errors import ConfigError
-from edge_sdk.policy.policy import Budget
+from edge_sdk.policy.budget import Budget
 
 PLENTY_MB = 1e6
 

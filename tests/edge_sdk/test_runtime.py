@@ -29,7 +29,7 @@ from edge_sdk.answers import metrics as M
 from edge_sdk.runtime import model as runtime
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BudgetError, BundleError, EdgeSdkError, InputError
-from edge_sdk.policy.policy import Budget
+from edge_sdk.policy.budget import Budget
 from runtime_support import invoke_clock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

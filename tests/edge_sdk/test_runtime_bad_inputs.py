@@ -15,7 +15,7 @@ import edge_sdk
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.errors import (BudgetError, BudgetNotMetError, BundleError, ConfigError,
                              EdgeSdkError, InputError, ProfileError)
-from edge_sdk.policy.policy import Budget
+from edge_sdk.policy.budget import Budget
 
 PLENTY_MB = 1e6
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import edge_sdk
-from edge_sdk.policy.policy import Budget
+from edge_sdk.policy.budget import Budget
 
 PLENTY_MB = 1e6
 SLOW_S = 0.02  # 20 ms: far above any invoke of the tiny test bundle

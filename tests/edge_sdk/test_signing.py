@@ -27,7 +27,7 @@ from edge_sdk.errors import (
     UnsignedBundleError,
     UntrustedKeyError,
 )
-from edge_sdk.trust.signing import SIGNATURE_NAME
+from edge_sdk.bundle.records import SIGNATURE_NAME
 from test_store_runtime import fake  # noqa: F401 - the store bundle fixture
 
 HAVE_CRYPTO = True

@@ -231,7 +231,7 @@ def test_read_slices_refuses_a_store_bundle(tiny):
 
 def test_the_device_commands_run_on_a_store_bundle(tiny, tmp_path, capsys):
     """edge-sdk run and profile on a store bundle: slices from the verified store only."""
-    from edge_sdk.policy.profiles import measure_profile
+    from edge_sdk.policy.measured import measure_profile
 
     x = tmp_path / "x.npy"
     np.save(x, _x())

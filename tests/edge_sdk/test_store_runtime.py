@@ -28,7 +28,8 @@ from edge_sdk.bundle import (
     manifest_to_yaml,
     read_manifest,
 )
-from edge_sdk.store.sources import StoreSlices, files_manifest, representatives
+from edge_sdk.store.sources import StoreSlices, representatives
+from edge_sdk.store.to_files import files_manifest
 from edge_sdk.cli.device import materialize_main
 from edge_sdk.errors import BundleError
 

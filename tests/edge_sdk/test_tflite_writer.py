@@ -15,9 +15,11 @@ import yaml
 
 from edge_sdk.backends import interpreter_class
 from edge_sdk.errors import ConfigError
-from edge_sdk.tflite.graph import Graph, Quantization, graph_stats
+from edge_sdk.tflite.graph import Graph, graph_stats
+from edge_sdk.tflite.tensors import Quantization
 from edge_sdk.tflite.build import GraphBuilder
-from edge_sdk.tflite.writer import BUILTIN_CODES, OPTIONS_TYPES, TENSOR_TYPES, write_tflite
+from edge_sdk.tflite.schema import BUILTIN_CODES, OPTIONS_TYPES, TENSOR_TYPES
+from edge_sdk.tflite.writer import write_tflite
 
 # the backend the device tests run on (LiteRT, or tflite-runtime 2.14 in CI's device venv): a
 # device materialising slices with this writer runs them there

@@ -12,7 +12,7 @@ import edge_sdk
 from edge_sdk.answers import conformal, ood
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BundleError, ChecksumMismatchError, ConfigError
-from edge_sdk.policy.policy import Stage
+from edge_sdk.policy.plan import Stage
 from edge_sdk.answers.uncertainty import ALPHAS, FILE_NAME, Uncertainty, cascade_key, check_alpha
 
 
