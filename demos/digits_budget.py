@@ -17,12 +17,12 @@
 Budgets are set from the latencies this process measures for each configuration in a short
 warm-up, so every phase means the same thing on a fast laptop and a slow CI runner: each
 latency budget is one the configuration the policy picks under it met on >= 99 % of its
-warm-up calls (issue 34; at 98 % the tightest phase met its budget on 94.3-95.7 % of replayed
+warm-up calls (at 98 % the tightest phase met its budget on 94.3-95.7 % of replayed
 calls in three runs on this host, whose speed drifts between the warm-up and the replay); a
 budget no configuration can meet is its own phase, on a ``strict=True`` model that refuses
 every call with ``BudgetNotMetError``.
-Wall time on this 2-core machine, installed: 38-48 s for ``make demo`` (five runs, issue 34's
-last session), 24 s with ``--quick``; each run's ``summary.md`` states its own and the load.
+Wall time on this 2-core machine, installed: 38-48 s for ``make demo`` (five runs
+in one session), 24 s with ``--quick``; each run's ``summary.md`` states its own and the load.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def latency_budgets(model, samples: dict[str, list[float]], met: float = 0.99
                     ) -> tuple[float | None, float | None, float]:
     """(battery saver, CPU shared, below every configuration) latency budgets in ms, chosen
     from the end-to-end latencies ``samples`` this process measured per configuration in the
-    warm-up, so each phase's budget is one the policy can meet (issue 34 goal 6).
+    warm-up, so each phase's budget is one the policy can meet.
 
     A budget ``B`` is *met-able* when the configuration the policy would pick under it (the
     best-ranked whose predicted latency fits) ran within ``B`` on at least ``met`` of its

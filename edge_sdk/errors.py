@@ -56,7 +56,7 @@ class ProfileError(EdgeSdkError, ValueError):
 class SliceError(BundleError):
     """A slice's ``.tflite`` bytes are not a graph edge-sdk can run safely: malformed, outside
     what the writer writes, unsound (shapes, types, indices, constants), or refused by the
-    interpreter at allocation. Raised before any invoke (issue 36)."""
+    interpreter at allocation. Raised before any invoke."""
 
 
 class SignatureError(BundleError):

@@ -109,7 +109,7 @@ def float_value(
     return result
 
 
-# What float32 can carry (issue 36): a manifest number the runtime computes with in float32
+# What float32 can carry: a manifest number the runtime computes with in float32
 # (input mean and std, temperatures, quantization scales) must be one, or it silently turns
 # into inf, 0 or NaN there (std 1e-45 -> NaN probabilities, std 1e39 -> one answer for all)
 FLOAT32_MAX = 3.4028234663852886e38

@@ -81,7 +81,7 @@ def short_threshold(rc: M.RiskCoverage, k: int) -> float:
     ``d`` with ``next lower confidence < d <= rc.threshold[k]``. Every such ``d`` accepts
     exactly the validation samples cut ``k`` accepts (the cut was fitted on them, and no
     validation confidence lies between), so the manifest writes ``0.8488`` rather than
-    ``0.8487744616831707`` and no validation decision changes (issue 21: the manifest's bytes
+    ``0.8487744616831707`` and no validation decision changes (the manifest's bytes
     count against the bundle)."""
     hi = float(rc.threshold[k])
     lo = float(rc.threshold[k + 1]) if k + 1 < len(rc.threshold) else 0.0

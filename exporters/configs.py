@@ -1,4 +1,4 @@
-"""A bundle's configuration records from measured slices, for both layouts (issue 21).
+"""A bundle's configuration records from measured slices, for both layouts.
 
 :class:`Configurations` turns the logits of a configuration's files (validation, test, OOD)
 into the manifest record: temperature, confidence thresholds, validation NLL, test quality,
@@ -53,7 +53,7 @@ def quality(logits: np.ndarray, labels: np.ndarray, temperature: float,
 
 def _sig(x: float | None, digits: int) -> float | None:
     """``x`` to ``digits`` significant digits: what a measurement or a test metric means (the
-    last of 17 digits is noise), written in a third of the manifest bytes (issue 21: the
+    last of 17 digits is noise), written in a third of the manifest bytes (the
     manifest counts against the bundle). Test metrics keep 4 (an accuracy on <= 10,000 test
     samples is exact to one sample), latency and memory 4, the temperature 7 (the thresholds
     and validation NLL are computed at the rounded temperature); thresholds are the shortest

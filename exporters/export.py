@@ -1,12 +1,12 @@
 """Checkpoint -> bundle: per-width slices in three scopes, calibrated on validation, measured on
 untouched test data, written atomically through ``edge_sdk.bundle``.
 
-Scopes per width (the exporter issue's "Posterior samples"):
+Scopes per width (docs/export.md):
   point  the posterior's point estimate (PWFN: codebook means; SQS: pruned greedy weights)
   head   the point backbone with S sampled classifiers stacked in one graph: [S, C] per invoke
   all    S fully sampled slices, each with its own BN statistics: S invokes
 
-Layouts (issue 21, docs/store.md §1): ``store`` (the default) writes one weight store
+Layouts (docs/store.md §1): ``store`` (the default) writes one weight store
 (:mod:`exporters.store`) and every slice is materialised from it by the device's own function,
 with S a run-time choice (a head and an all configuration per S in
 ``ExportOptions.sample_counts``, by default 1, 2, 4, ... and S_max,
@@ -44,17 +44,17 @@ class ExportOptions:
     # to S_max plus S_max (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6), "all" = 1 .. S_max, or a list of
     # integers in 1 .. S_max that includes S_max. Log-spaced by default: the all scope's latency
     # grows linearly in S while quality saturates, so the run-time choice keeps its range at
-    # about half the manifest (issue 21, docs/store.md §7: 68 -> 36 configurations for 4 widths
+    # about half the manifest (docs/store.md §7: 68 -> 36 configurations for 4 widths
     # and S_max = 8; manifest 71,082 -> 45,667 B on Fashion-MNIST PWFN, bundle 1.72x -> 1.53x
     # of the point slice; digits Gaussian 65,189 -> 40,915 B). The all scope's sample files
     # (s0 .. s_{S_max-1}) are shared by every S anyway; head files exist for the listed S only.
     sample_counts: Sequence[int] | str | None = None
-    # point (+ temperature) only by default: measured on cifar10_dev and Fashion-MNIST (issue 17,
-    # docs/results.md), posterior samples added <= 0.6 pt OOD AUROC over the point slice at S x
+    # point (+ temperature) only by default: measured on cifar10_dev and Fashion-MNIST
+    # (docs/results.md), posterior samples added <= 0.6 pt OOD AUROC over the point slice at S x
     # the cost; ("point", "head", "all") exports the sampled scopes for an app that wants them
     scopes: Sequence[str] = ("point",)
     weights: str = "dequantize"  # int8 per-channel + DEQUANTIZE, or "float"
-    # "store" (issue 21, docs/store.md): one weight store, every slice materialised from it;
+    # "store" (docs/store.md): one weight store, every slice materialised from it;
     # "files": one .tflite per configuration file, for apps outside Python
     layout: str = "store"
     # sigma on a per-layer codebook of 2**sigma_bits log-spaced values (store layout, sampled
@@ -82,11 +82,11 @@ class ExportOptions:
     # where BN statistics are re-collected (auto = CUDA when available, else CPU)
     device: str = "auto"
     extra_source: dict = field(default_factory=dict)
-    # (issue 33) uncertainty.bin: per width an out-of-distribution score (KNN, k = 10, on the
+    # uncertainty.bin: per width an out-of-distribution score (KNN, k = 10, on the
     # slice's features; each slice gets them as a second output) and per configuration
     # conformal quantiles (exporters.uncertainty); needs the point scope
     uncertainty: bool = True
-    # (issue 34) the training split's per-channel raw statistics in the manifest, so the
+    # the training split's per-channel raw statistics in the manifest, so the
     # runtime flags inputs unlike the training data (Prediction.input_suspect)
     input_stats: bool = True
     # training images in each width's KNN bank (int8, rows x feature dim bytes per width):
@@ -100,7 +100,7 @@ def snapped_widths(model, widths: Sequence[float], log=print) -> list[float]:
     what a file runs.
 
     A width ``w`` cuts every ordering unit at its own group boundary: ``ceil(w * G_u)`` of its
-    ``G_u`` groups, exactly what training's ``model.width(w)`` runs (issue 35: export used to
+    ``G_u`` groups, exactly what training's ``model.width(w)`` runs (export used to
     cut every unit at the coarsest unit's boundary, so a model with one unit of 2 groups
     exported its "0.25" slice at 0.5 everywhere). The recorded width is the smallest share any
     unit keeps, ``min_u ceil(w * G_u) / G_u``: the largest width that cuts every unit the same
@@ -190,7 +190,7 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
     ckpt = ckpt_io.load_checkpoint(checkpoint)
     kind = posterior_kind(ckpt)
     if opts.layout == "store" and opts.weights == "float" and kind == "gaussian":
-        # (issue 35) the store keeps a gaussian posterior's means as int8 codes
+        # the store keeps a gaussian posterior's means as int8 codes
         # (exporters.store._layer_arrays): its slices would not be fp32, whatever the manifest said
         raise ConfigError("--weights float: the store layout keeps a gaussian posterior's "
                           "weights as int8 codes, so its slices would not be fp32; use --layout "
@@ -229,7 +229,7 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
         if entry is not None:
             extra["uncertainty"] = entry
             files[entry["name"]] = blob
-    if opts.input_stats:  # (issue 34) input_suspect: the training split's raw statistics
+    if opts.input_stats:  # input_suspect: the training split's raw statistics
         from exporters.input_stats import fit_input_stats
 
         extra["input_stats"] = fit_input_stats(data.train.raw, spec.value_range)
@@ -252,7 +252,7 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
                    # per configuration: tensors kept float because the int8 grid could not be
                    # exact (PWFN), and the largest relative move the int8 grid made
                    "weights": weight_notes,
-                   # (issue 33) the OOD score and conformal sets per width, measured on the
+                   # the OOD score and conformal sets per width, measured on the
                    # test split (and the OOD set when given)
                    **({"uncertainty": unc_report} if unc_report else {}),
                    **opts.extra_source},
@@ -284,7 +284,7 @@ def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
 
 
 def bundle_bytes(bundle_dir: str | Path) -> int:
-    """Every byte in a bundle directory (issue 21's bundle size: store.bin + manifest.yaml +
+    """Every byte in a bundle directory (the bundle's size: store.bin + manifest.yaml +
     anything else, hidden files and subdirectories included; symlinks are not followed)."""
     root = Path(bundle_dir)
     if not root.is_dir():

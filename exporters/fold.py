@@ -17,7 +17,7 @@ ReLU6 is not homogeneous (``relu6(z) * s != relu6(s z)``), so a relu6 layer with
 ``out_scale`` is refused; the trainer never builds one (a masked block must use ReLU).
 
 The fold scale is exposed on its own because the PWFN exporter checks that a folded weight is
-exactly ``codebook value x fold scale`` (exporter issue, "Weights stay on the codebook"): the
+exactly ``codebook value x fold scale`` (docs/export.md, "Weights stay on the codebook"): the
 float32 folded weight is therefore computed as ``float32(W) * float32(a)`` in float32, the
 same product the int8 route reproduces with a power-of-two step times ``a``.
 """

@@ -1,4 +1,4 @@
-"""Fit the manifest's ``input_stats`` (schema version 6, issue 34) from the training split's raw
+"""Fit the manifest's ``input_stats`` (schema version 6) from the training split's raw
 NHWC samples: what :mod:`edge_sdk.inputs.stats` checks each call against (the rule is stated
 there). numpy only, chunked (a CIFAR-sized split never makes a full float64 copy).
 """
@@ -9,7 +9,7 @@ import numpy as np
 __all__ = ["BAND", "MARGIN", "fit_input_stats"]
 
 # The band of per-sample statistics: the 0.1st .. 99.9th percentile of the training samples'
-# (so about 0.2 % of training-like samples fall outside before the margin; issue 34 allows 1 %
+# (so about 0.2 % of training-like samples fall outside before the margin; the goal allows 1 %
 # of the test split flagged)
 BAND = (0.1, 99.9)
 # Each band widened on both sides by this fraction of the declared value range: the test split

@@ -1,4 +1,4 @@
-"""Writing a bundle's slices in one layout (issue 21, docs/store.md §1): ``files``, one
+"""Writing a bundle's slices in one layout (docs/store.md §1): ``files``, one
 ``.tflite`` per configuration file with S fixed, or ``store``, one weight store
 (:mod:`exporters.store`) every slice is materialised from, with a head and an all configuration
 per S in ``sample_counts``; each point slice's codebook statistics and the manifest's

@@ -1,4 +1,4 @@
-"""Lower a truncated nested model's ``torch.fx`` graph to a graph description (issue 20, "One
+"""Lower a truncated nested model's ``torch.fx`` graph to a graph description ("One
 lowering and one writer").
 
 The model is traced with :func:`torch.fx` (each :class:`trainer.layers.BayesNestedLayer` is one
@@ -59,7 +59,7 @@ class _Lowering(_Ops):
         self.modules = dict(model.named_modules())
         self.records: list[dict] = []
         self.env: dict[fx.Node, _V] = {}
-        # (issue 33) the input of the final linear classifier: the "penultimate features" the
+        # the input of the final linear classifier: the "penultimate features" the
         # out-of-distribution score reads; None when the logits do not come from a linear layer
         self.features: str | None = None
 
@@ -241,7 +241,7 @@ class _Lowering(_Ops):
         elif s == (1, 1) and all(2 * pp == kk - 1 for pp, kk in zip(p, k)):
             padding = "SAME"  # stride 1, odd k: TFLite pads (k-1)/2 on both sides, as torch does
         else:
-            # (issue) TFLite SAME at stride 2 pads asymmetrically (the extra row goes at the
+            # (gotcha) TFLite SAME at stride 2 pads asymmetrically (the extra row goes at the
             # bottom/right), torch pads p on both sides: a silent ~3 % logit error. PAD + VALID.
             x = self.g.pad(x, [(0, 0), (p[0], p[0]), (p[1], p[1]), (0, 0)], name=f"{name}/pad")
             padding = "VALID"
@@ -342,7 +342,7 @@ def lower(model: nn.Module, g: GraphBuilder, x: str, weights: dict[str, LayerWei
     """Lower ``model`` (truncated, eval) into ``g`` reading the graph input ``x``; returns the
     logits tensor's name and, per Bayesian layer, how its weights were written (shape, route,
     exactness, the int8 grid's largest relative move). ``features``: a list that receives the
-    name of the final linear classifier's input tensor (issue 33's penultimate features),
+    name of the final linear classifier's input tensor (the OOD score's penultimate features),
     when the logits come straight from a linear layer."""
     lowering = _Lowering(model, weights, g)
     out = lowering.run(x)

@@ -1,4 +1,4 @@
-"""The lowering's ops beyond convs and linears (issue 35): padded / ceil-mode pooling, integer
+"""The lowering's ops beyond convs and linears: padded / ceil-mode pooling, integer
 upsampling, the activations TFLite has no fused form of (Hardswish, Hardsigmoid, SiLU,
 Sigmoid), squeeze-excitation gates and grouped convolutions. A mixin of
 :class:`exporters.lowering._Lowering`; the option rules are :mod:`trainer.nest_ops`', which

@@ -1,4 +1,4 @@
-"""Posterior sigma in the store (issue 21, docs/store.md §2): per layer either the version-2
+"""Posterior sigma in the store (docs/store.md §2): per layer either the version-2
 ``absolute`` coding (``2**bits`` log-spaced values of sigma, :func:`exporters.store.encode_sigma`)
 or the ``relative`` one: a codebook of ``sigma / max(|mu_dec|, step_c / 2)`` (the weight's
 sqrt(alpha), up to the reference) with 0 or 1 index bits, used where it is that cheap.

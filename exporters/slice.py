@@ -1,4 +1,4 @@
-"""Per-width slices of the ordered, quantized Bayesian network (the exporter issue's "Slicing").
+"""Per-width slices of the ordered, quantized Bayesian network (docs/export.md).
 
 A slice at width w: every nested layer truncated to its first groups (the next layer's inputs
 follow), kept channels rescaled by their keep probability (BN³ App. 8.2, eq. 44), and batch-norm

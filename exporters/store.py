@@ -1,4 +1,4 @@
-"""Checkpoint model -> the weight store (issue 21, docs/store.md §2): the full-width network
+"""Checkpoint model -> the weight store (docs/store.md §2): the full-width network
 once, what each width keeps and folds, and what generates each posterior sample.
 
 :func:`build_store` writes the index schema :mod:`edge_sdk.store.materialize` reads (its module
@@ -229,7 +229,7 @@ def build_store(model, ckpt: dict, kind: str, widths: Sequence[float], calib: Se
     ``samples`` posterior samples (0: point only, no sampler data). ``calib``: the batches
     batch norms are re-collected on; ``input_shape``: NHWC of one sample. ``compress``: write
     the container's version 2 (deflated) when it is smaller than version 1, else version 1.
-    ``features``: every width's graph also outputs its classifier's input (issue 33)."""
+    ``features``: every width's graph also outputs its classifier's input."""
     layers = {n: m for n, m in model.named_modules() if isinstance(m, BayesNestedLayer)}
     post = dict(ckpt.get("posterior") or {}, kind=kind)
     sampled = samples > 0

@@ -3,7 +3,7 @@
 :func:`export_point_slice` lowers the model's fx graph (:mod:`exporters.lowering`) with its
 folded, routed weights (:mod:`exporters.weights`) into a graph description
 (:mod:`edge_sdk.tflite.graph`) and writes it with the device-side writer
-(:mod:`edge_sdk.tflite.writer`): one lowering and one writer for every architecture (issue 20).
+(:mod:`edge_sdk.tflite.writer`): one lowering and one writer for every architecture.
 Weight routes: int8 per-channel + DEQUANTIZE (exact, the default), hybrid (int8 filters
 straight into CONV_2D / FULLY_CONNECTED) or float32.
 """
@@ -32,7 +32,7 @@ __all__ = ["ChannelQuant", "GraphBuilder", "LayerWeights", "QuantizedTensor", "S
 SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
-# (issue 33) the second output: the final linear classifier's input, [N, D], read by the
+# the second output: the final linear classifier's input, [N, D], read by the
 # device's out-of-distribution score (edge_sdk.answers.uncertainty)
 FEATURES_NAME = "features"
 _OP_NAMES = {v: k for k, v in BUILTIN_CODES.items()}
@@ -130,8 +130,8 @@ def lower_point_slice(model: NestedModel, input_shape_nhwc: Sequence[int],
                       ) -> tuple[Graph, dict[str, np.ndarray], list[dict]]:
     """The graph description :func:`export_point_slice` writes, its weights (by name) and the
     per-layer weight records (see ``info["tensors"]`` there). ``features``: also output the
-    final linear classifier's input as a second output ``"features"`` ``[N, D]`` (issue 33:
-    the out-of-distribution score reads it); ConfigError when the logits do not come from a
+    final linear classifier's input as a second output ``"features"`` ``[N, D]`` (the
+    out-of-distribution score reads it); ConfigError when the logits do not come from a
     linear layer."""
     lw = prepare_weights(model, weights, pow2_step, sampled)
     g = GraphBuilder()

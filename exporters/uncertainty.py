@@ -1,4 +1,4 @@
-"""Fit a bundle's ``uncertainty.bin`` (issue 33): the out-of-distribution score's statistics and
+"""Fit a bundle's ``uncertainty.bin``: the out-of-distribution score's statistics and
 the conformal quantiles, from in-distribution data only, through the exported slices.
 
 Per width, through that width's exported point slice (its second output, the features):

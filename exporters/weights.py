@@ -40,7 +40,7 @@ class LayerWeights:
 
     name: str
     weight: np.ndarray  # folded float32, torch layout
-    bias: np.ndarray  # float32 [out]; biases always stay float32 (issue)
+    bias: np.ndarray  # float32 [out]; biases always stay float32
     fold_scale: np.ndarray  # float32 [out]
     quant: QuantizedTensor | None
     route: str  # "dequantize" | "hybrid" | "float"
@@ -84,7 +84,7 @@ def prepare_weights(model: NestedModel, weights: str = "dequantize",
                 if quant.exact:
                     assert np.array_equal(quant.dequantize(), w)  # by construction (fold.py)
                 else:
-                    quant = None  # cannot be exact: keep float (issue)
+                    quant = None  # cannot be exact: keep float
             else:
                 quant = quantize_per_channel(w, 0)
         route = "float" if quant is None else weights

@@ -69,7 +69,7 @@ class DataConfig:
     split_seed: int = _opt(0, min=0)
     # auto = crop_flip for 32x32 RGB (CIFAR/SVHN practice), none for small grey images;
     # crop_flip: zero-padded crop + flip per image; crop_flip_batch: one reflect-padded crop
-    # offset per batch, flip per image (issue 32's reference recipe; vectorised over the batch)
+    # offset per batch, flip per image (the reference networks' recipe; vectorised over the batch)
     augment: str = _opt("auto", choices=("auto", "none", "crop_flip", "crop_flip_batch"))
     # BN re-collection subset of the training split (BN3 App. 9.2): ~1k samples suffice
     calib_samples: int = _opt(1024, min=1)
@@ -133,7 +133,7 @@ class OrderingConfig:
     # It is the test-time match of *sampled* Downhill masks; a regime whose every pass runs a
     # fixed 0/1 width (train.sampled_width: uniform, with or without the sandwich) never sees
     # a scaled channel, and its keep probabilities get no data gradient (they stay at their
-    # init), so rescaling there evaluates a network that was never trained (issue 32: the
+    # init), so rescaling there evaluates a network that was never trained (the
     # nested all-conv network, 9k images, 6 epochs, validation +0.4 / +0.3 / +0.9 / +0.45 pt
     # at 0.25..1 without it). null = on exactly when training draws Downhill masks
     rescale: bool | None = None
@@ -179,7 +179,7 @@ class TrainConfig:
     weight_decay: float = _opt(0.0, min=0.0)
     # cosine decays to ~0 at the last epoch without extra knobs; onecycle (Smith & Topin 2019,
     # torch's OneCycleLR with momentum held): lr/25 -> lr over warmup_fraction of the steps,
-    # then down to lr/2.5e5, both phases cosine -- the schedule of issue 32's reference networks
+    # then down to lr/2.5e5, both phases cosine -- the schedule of the reference networks
     schedule: str = _opt("cosine", choices=("cosine", "onecycle", "step", "none"))
     # onecycle only: the fraction of the steps spent rising to lr (OneCycleLR's pct_start)
     warmup_fraction: float = _opt(0.3, min=0.0, max=1.0, max_exclusive=True)
@@ -321,7 +321,7 @@ class SQSConfig:
     # split afterwards (10k images, 1 epoch): 3e-4 -0.25 / +0.9 / +0.5 / +1.5 pt over 1e-3 at 0.25..1
     lr: float = _opt(3e-4, min=0.0, min_exclusive=True)
     # fine-tune on a seeded random subset of this many training samples (null = all of them):
-    # the quantizer's cost is then fixed, whatever the data set's size (issue 17, goal 4)
+    # the quantizer's cost is then fixed, whatever the data set's size (goal 4)
     subset: int | None = _opt(None, min=1)
     # exponent of the polynomial schedule taking the prior keep probability from 1 to nonzero
     schedule_power: float = _opt(3.0, min=1.0)

@@ -65,7 +65,7 @@ def _crop_flip(x: torch.Tensor) -> torch.Tensor:
 
 def crop_flip_batch(x: torch.Tensor) -> torch.Tensor:
     """Random crop with one offset for the whole batch (after reflect padding) + a horizontal
-    flip per image, of a normalised NCHW batch: issue 32's reference recipe. One offset per
+    flip per image, of a normalised NCHW batch: the reference networks' recipe. One offset per
     batch is as much augmentation over an epoch as one per image (every image sees each offset
     equally often) and costs one pad + slice instead of one per image."""
     _, _, h, w = x.shape

@@ -299,8 +299,8 @@ class BayesNestedLayer(nn.Module):
 
 class BayesNestedConv2d(BayesNestedLayer):
     """Bayesian conv block with nested output channels (App. 8.1). ``depthwise=True`` makes a
-    depthwise conv whose input channels are its output channels. ``groups`` > 1 (trainer.nest,
-    issue 35: ResNeXt, RegNet) is a grouped conv with in == out channels that is cut by whole
+    depthwise conv whose input channels are its output channels. ``groups`` > 1 (trainer.nest:
+    ResNeXt, RegNet) is a grouped conv with in == out channels that is cut by whole
     groups: its kept outputs are the first groups, which read the first input groups.
     ``kernel_size`` / ``stride`` / ``padding`` may be (h, w) pairs (Inception's 1x7, 7x1)."""
 

@@ -1,4 +1,4 @@
-"""The analysis half of :func:`trainer.nest` (trainer/nesting.py; issue 20; BN³ App. 8.1-8.2,
+"""The analysis half of :func:`trainer.nest` (trainer/nesting.py; BN³ App. 8.1-8.2,
 9.1): find the blocks (conv/linear + BN + activation) of a traced network, the channel spaces
 that adds tie together, and which space gets an ordering unit. Every unsupported node or unmet
 rule raises a :class:`ConfigError` naming the fx node. The rules are stated in

@@ -1,5 +1,4 @@
-"""The layers and the model that :func:`trainer.nest` (trainer/nesting.py) builds (issue 20,
-"Bring your own network"; BN³ §3.2-3.4, App. 8.1-8.2).
+"""The layers and the model that :func:`trainer.nest` (trainer/nesting.py) builds (BN³ §3.2-3.4, App. 8.1-8.2).
 
 :class:`NestConv2d` and :class:`NestLinear` are the Bayesian nested blocks of
 :mod:`trainer.layers` plus two facts about their *input* that a hand-written model never needs:

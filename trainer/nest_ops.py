@@ -1,5 +1,5 @@
 """The non-layer ops that :func:`trainer.nest` accepts and :mod:`exporters.lowering` lowers,
-defined once (issue 35: ``nest()`` accepts nothing the exporter cannot export). Both sides read
+defined once (``nest()`` accepts nothing the exporter cannot export). Both sides read
 their options through these functions, so a network that nests exports, and one that would not
 export is refused at nest time, before any training.
 

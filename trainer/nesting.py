@@ -1,4 +1,4 @@
-"""``nest()``: a user's plain PyTorch CNN -> a Bayesian nested network (issue 20, "Bring your own
+"""``nest()``: a user's plain PyTorch CNN -> a Bayesian nested network ("Bring your own
 network"; BN³ §2.2-2.3 ordering units, §3.2-3.4 Bayesian layers, App. 8.1-8.2 blocks and the
 keep-probability rescale, App. 9.1 which layers are nested in VGG / ResNeXt / MobileNetV2).
 
@@ -55,7 +55,7 @@ def pick_groups(channels: int, groups: int, where: str = "layer", divides=()) ->
     that divides every grouped conv's group count in ``divides`` (a width then keeps whole
     conv groups: ResNeXt's 32, RegNet's channels / 16 or / 8). When ``groups`` is a multiple
     of 4 and that g is not, or g is under 4, a finer count (see below) so that widths 1/4 and
-    1/2 cut as close to what they ask as the channels allow (issue 35, goal 3)."""
+    1/2 cut as close to what they ask as the channels allow (goal 3)."""
     if channels % 4:
         raise ConfigError(f"{where}: {channels} output channels cannot be nested: each ordering "
                           "group must hold a multiple of 4 channels")
@@ -143,7 +143,7 @@ def nest(module: nn.Module, groups: int = 8, frozen: int = 1, residual: str = "i
     model = NestedGraphModel(body, summary, None if head is None else head.node.target)
     # a fresh network has never been trained with sampled masks: its keep probabilities are
     # the prior's, and scaling kept channels by them would make width 1.0 differ from the
-    # network nested (issue 35). Training sets the rescale from its regime (trainer.train),
+    # network nested. Training sets the rescale from its regime (trainer.train),
     # a checkpoint from its config (trainer.checkpoint).
     model.set_rescale(False)
     if verbose:
@@ -229,7 +229,7 @@ def _drop_coarse_units(plan: Plan, groups: int, frozen: int) -> None:
     """A space whose channels split into fewer than min(groups, 4) groups of 4 (8 channels: 2)
     would raise the whole model's smallest width to frozen / g (0.5): it stays full width
     instead, so every width down to frozen / groups stays reachable in training and export
-    alike (issue 35)."""
+    alike."""
     for r in sorted(plan.nested):
         b = next(x for x in plan.blocks if plan.root(x.out_space) == r)
         g = pick_groups(b.out_channels, groups, f"fx node {b.node.name!r}",

@@ -212,7 +212,7 @@ class DownhillOrdering(nn.Module):
             return (m * keep if self.fixed_scaled else m.detach()).unsqueeze(0)
         if self.training:
             # "batch": one mask per forward pass, as the authors' code does. Measured on
-            # cifar10_dev (issue 17's ablation table): per example, a batch mixes widths inside
+            # cifar10_dev (docs/ablations.md): per example, a batch mixes widths inside
             # every batch norm and an example almost never sees the full network; it trained
             # ~4 pt worse at every width.
             shape = (batch,) if self.scope == "example" else (1,)

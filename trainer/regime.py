@@ -1,7 +1,7 @@
-"""One training step: which widths it trains and against which targets (issue 17's regime).
+"""One training step: which widths it trains and against which targets (the nesting regime, docs/training.md).
 
 BN³ (§3, eq. 7–8) trains one forward pass per step with Downhill-sampled masks. Measured on
-cifar10_dev, that regime alone underfits (issue 17: ~12 of ~16 pt lost to a plain VGG come from
+cifar10_dev, that regime alone underfits (~12 of ~16 pt lost to a plain VGG come from
 the ordering's sampling, not from the KL or the weight noise), so a step can add:
 
 - ``ordering.mask_scope: batch``: one mask per unit per pass instead of one per example;

@@ -1,4 +1,4 @@
-"""Split-conformal prediction sets (issue 33), numpy only.
+"""Split-conformal prediction sets, numpy only.
 
 Calibrate once on labelled validation data (:func:`calibrate`: the conformal quantile of the
 scores of the true labels), then every set is "the classes whose score is at most the quantile"

@@ -1,4 +1,4 @@
-"""The runtime's own graph of a slice (issue 34: the SDK's microseconds): the input's
+"""The runtime's own graph of a slice (the SDK's microseconds): the input's
 normalisation before it and the answer's softmax after it.
 
 **The raw input.** Every interpreter the runtime builds takes the samples as the app hands them
@@ -35,7 +35,7 @@ for a point's row. Appending costs ~6 ms per interpreter built (read back, writt
 first-use cost; the appended bytes live as long as their interpreter.
 
 Why the guard: ``softmax`` of a row holding ``-inf`` is finite (``exp(-inf) = 0``), but the
-runtime refuses non-finite logits (issue 36: a slice that overflows is broken, not confident).
+runtime refuses non-finite logits (a slice that overflows is broken, not confident).
 ``x * 0`` is NaN exactly when ``x`` is NaN or infinite and ``+-0`` otherwise, and
 ``p + (+-0) = p``: the guard changes no finite answer by a bit, and a NaN survives the mean, so
 the runtime refuses the call when the answer holds a NaN.

@@ -1,4 +1,4 @@
-"""The calibrated maths of an answer (issue 34: the hot path, so inlined rather than through
+"""The calibrated maths of an answer (the hot path, so inlined rather than through
 edge_sdk.answers.metrics): from a configuration's ``[S, C]`` logits, or from the probabilities its
 graph computed (edge_sdk.answers.graph), to probabilities, label, confidence, entropy and mutual
 information, for one sample and for a batch. Non-finite logits are refused (OutputError).
@@ -48,7 +48,7 @@ Lazy = tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]
 
 def point_top(c: Configuration, logits: np.ndarray) -> tuple[int, float, Lazy]:
     """(label, confidence, how to make probs and entropy) of one point sample's ``[1, C]``
-    logits: what a call needs at once (issue 34: the SDK's microseconds). The probabilities
+    logits: what a call needs at once (the SDK's microseconds). The probabilities
     and entropy follow when read (:func:`_point_fields`); :func:`probabilities` makes them at
     once from the same values. Plain floats: several times cheaper than numpy on ten classes."""
     inv_t = 1.0 / c.temperature
@@ -128,7 +128,7 @@ def rows_top(c: Configuration, logits: np.ndarray
              ) -> tuple[np.ndarray, int, float, Lazy] | None:
     """(read-only mean probabilities [C], label, confidence, how to make the entropy and
     mutual information: :func:`_rows_fields`) of ``[S, C]`` logits, S > 1: one shift by the
-    global maximum, sums as products with ones (issue 34: a numpy reduction costs ~1 us on [8, 10], an argmax or a
+    global maximum, sums as products with ones (a numpy reduction costs ~1 us on [8, 10], an argmax or a
     dot product ~0.3-0.6). None when a row lies so far below the maximum that it underflows:
     then the per-row shift of :func:`_rows_exact`. Non-finite logits are refused."""
     rows, classes = logits.shape
@@ -178,7 +178,7 @@ def answer_top(c: Configuration, p: np.ndarray, logits: np.ndarray | None
         return None
     if logits is None:
         return None, label, conf, (_answer_point_fields, (p,))
-    # a head's probs are made when read too (issue 34: three numpy calls, ~5-10 us right
+    # a head's probs are made when read too (three numpy calls, ~5-10 us right
     # after a wide invoke); its logits are copied now, the next invoke overwrites them
     return None, label, conf, (_answer_rows_fields, (c, p, logits))
 
@@ -228,7 +228,7 @@ _ADDR = np.add.reduce
 
 
 def _non_finite(c: Configuration, logits: np.ndarray) -> NoReturn:
-    """(issue 36) NaN or inf logits (weights a check could not rule out, e.g. finite ones that
+    """NaN or inf logits (weights a check could not rule out, e.g. finite ones that
     overflow float32 together) are refused, never answered as NaN probabilities, label 0."""
     bad = int((~np.isfinite(np.asarray(logits, np.float64))).sum())
     raise OutputError(f"configuration {c.id!r} answered non-finite values ({bad} of "
@@ -247,21 +247,21 @@ class BatchProbs(NamedTuple):
     p_s: np.ndarray | None  # [n, S, C] per-sample-row probabilities (S > 1), for the MI
     z: np.ndarray | None  # their shifted, tempered logits [n, S, C] (S > 1)
     s: np.ndarray | None  # their softmax denominators [n, S] (S > 1)
-    # (issue 34) a head batch answered by its graph (batch_answer): its configuration and
+    # a head batch answered by its graph (batch_answer): its configuration and
     # logits [n, S, C], from which the entropy and MI are computed in float64 when read
     rows: tuple[Configuration, np.ndarray] | None = None
 
 
 def batch_probabilities(c: Configuration, logits: np.ndarray) -> BatchProbs:
     """The calibrated probabilities of ``[n, S, C]`` logits in one numpy pass (predict_batch:
-    issue 34 asks for <= 1.1x the raw batched invoke, so per-sample Python is out)."""
+    the goal is <= 1.1x the raw batched invoke, so per-sample Python is out)."""
     n, rows, classes = logits.shape
     # a NaN or +-inf logit makes the float64 sum of all of them non-finite (float32 values
     # cannot overflow it): refused as one call's are (-inf too: its softmax would be finite)
     if not math.isfinite(float(_ADDR(logits.reshape(-1), dtype=np.float64))):
         _non_finite(c, logits)
     if rows == 1:
-        # (issue 34) a reduction along a short last axis costs 2-4 us on [64, 10] here, so the
+        # a reduction along a short last axis costs 2-4 us on [64, 10] here, so the
         # row maximum comes from the argmax (needed anyway) and the row sum from a product
         # with ones; the maximum's exp is exactly 1, so its probability is 1 / sum
         x = logits.reshape(n, classes)
@@ -301,7 +301,7 @@ def batch_answer(c: Configuration, p: np.ndarray, logits: np.ndarray | None
     stops at a NaN, so the sum of the confidences exposes it): the caller refuses the batch
     with the logits, as :func:`batch_probabilities` refuses them."""
     # on the float64 copy (exact, monotone): the first maximum, as the numpy path's, and its
-    # value by indexing, its sum as a dot product (issue 34: each numpy call costs ~3x its warm
+    # value by indexing, its sum as a dot product (each numpy call costs ~3x its warm
     # time right after a batched invoke has evicted the caches; measured cold on [64, 10]:
     # max(1) 7.1 us, this indexing 5.1; add.reduce 4.1, the dot product 2.4)
     n = len(p)

@@ -1,5 +1,5 @@
 """What every function of :mod:`edge_sdk.answers.metrics` and :mod:`edge_sdk.answers.predictive` checks its
-arguments with (split out of metrics.py): each raises :class:`edge_sdk.errors.InputError`
+arguments with: each raises :class:`edge_sdk.errors.InputError`
 naming the argument and what was expected, rather than letting a silently wrong number through.
 Internal: the public functions are in those two modules. numpy only (it runs on the device).
 """

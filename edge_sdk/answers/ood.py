@@ -1,4 +1,4 @@
-"""Out-of-distribution scores from a slice's logits and penultimate features (issue 33).
+"""Out-of-distribution scores from a slice's logits and penultimate features.
 
 numpy only: the device computes these with statistics the workstation fitted (on the training
 split, never on OOD data) and the benchmarks (``benchmarks/ood_scores.py``) use the very same

@@ -49,7 +49,7 @@ class Prediction:
     budget_met: bool  # memory fitted and latency_ms within the latency budget
     invoke_ms: float = 0.0  # the interpreter part of latency_ms (every stage, every invoke)
     batch_size: int = 1  # samples answered by the call this prediction came from
-    # (issue 33; None when the bundle has no uncertainty.bin, the configuration is of the
+    # (None when the bundle has no uncertainty.bin, the configuration is of the
     # all scope, or load(uncertainty=False))
     # out-of-distribution score of the answering slice's features: minus the cosine
     # similarity to the k-th nearest training image's (higher = less like the training data)
@@ -60,7 +60,7 @@ class Prediction:
     # split-conformal set at the model's alpha: class indices that hold the true class with
     # probability >= 1 - alpha (marginally, over calls), calibrated on validation
     prediction_set: tuple[int, ...] | None = None
-    # (issue 34) the sample's raw statistics (per channel: mean and maximum) fall outside
+    # the sample's raw statistics (per channel: mean and maximum) fall outside
     # what the training split's samples span, widened by the manifest's stated margin: e.g.
     # an image scaled to [0, 1] for a bundle trained on [0, 16]. True also makes ``abstain``
     # true (with abstain_on_ood). None: the bundle carries no input statistics (schema < 6)
@@ -69,7 +69,7 @@ class Prediction:
 
     if not TYPE_CHECKING:  # (mypy keeps flagging misspelt attributes)
         def __getattr__(self, name: str) -> Any:
-            # (issue 34) an answer made by lean_answer() computes ``probs``, ``entropy`` and
+            # an answer made by lean_answer() computes ``probs``, ``entropy`` and
             # ``mutual_info`` (those it was not given) when one is first read: 1-10 us of a
             # call that reads only label and confidence; every field is then a plain
             # attribute, as for any other prediction
@@ -165,8 +165,8 @@ def abstains(c: Configuration, target: str, confidence: float, in_distribution: 
              input_suspect: bool | None, abstain_on_ood: bool) -> bool:
     """The default abstention rule: abstain when the confidence is below the threshold
     exported for the target accuracy, or (``abstain_on_ood``) the input is unlike the training
-    data: out of distribution by the OOD score, or its raw statistics are suspect (issue 34;
-    so the two never contradict each other: either one makes the call abstain)."""
+    data: out of distribution by the OOD score, or its raw statistics are suspect
+    (so the two never contradict each other: either one makes the call abstain)."""
     threshold = c.thresholds[target]
     return threshold is None or confidence < threshold or (abstain_on_ood and (
         in_distribution is False or input_suspect is True))
@@ -183,7 +183,7 @@ def answer(c: Configuration, labels: Sequence[str], probs: list[float] | np.ndar
     if probs.__class__ is list:
         probs = np.array(probs, np.float64)
         probs.setflags(write=False)
-    # (issue 34) built without the frozen dataclass' __init__ (20 object.__setattr__ calls,
+    # built without the frozen dataclass' __init__ (20 object.__setattr__ calls,
     # 2-3 us a call): the same fields, in the same order
     p = _new(Prediction)
     p.__dict__.update(
@@ -217,7 +217,7 @@ class BatchPrediction(Sequence[Prediction]):
     they need) ``ood_score [N]``, ``in_distribution [N]``, ``prediction_sets [N, C]``
     (boolean mask) and ``input_suspect [N]`` — and a sequence of :class:`Prediction`
     (indexing, iterating and ``len`` work as on the list it used to be). The per-sample
-    :class:`Prediction` objects are made on first use (issue 34: making 64 of them cost more
+    :class:`Prediction` objects are made on first use (making 64 of them cost more
     than a small batched invoke)."""
 
     def __init__(self, preds: list[Prediction], classes: int):

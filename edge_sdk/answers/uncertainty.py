@@ -1,4 +1,4 @@
-"""A bundle's out-of-distribution statistics and conformal quantiles (issue 33), numpy only.
+"""A bundle's out-of-distribution statistics and conformal quantiles, numpy only.
 
 The exporter fits them (``exporters.uncertainty``) and writes one file, ``uncertainty.bin``,
 in the weight store's container format (:mod:`edge_sdk.store.container`: a canonical JSON

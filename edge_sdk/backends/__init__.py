@@ -12,8 +12,10 @@ interpreter creation as a :class:`BackendError` naming the file, not as a bare `
 
 The class :func:`interpreter_class` returns is the backend's own with three changes: those
 typed errors, ``set_tensor`` / ``invoke`` / ``get_tensor`` bound straight to the compiled
-wrapper (the hot path, issue 34), and no reference-count check before a resize, allocation
+wrapper (the hot path), and no reference-count check before a resize, allocation
 or invoke (it guards ``tensor()`` views, which the runtime never takes).
+
+Imports: edge_sdk.errors, edge_sdk.tflite, edge_sdk.bundle.
 """
 from __future__ import annotations
 
@@ -180,7 +182,7 @@ def _guarded(cls: Any, name: str) -> Any:
             except ValueError as e:
                 raise BackendError(f"{name} cannot run {self._edge_sdk_name}: "
                                    f"{_first_line(e)}") from e
-            # (issue 34) the hot path calls the compiled wrapper's own methods: the Python
+            # the hot path calls the compiled wrapper's own methods: the Python
             # methods of both backends only forward to them (invoke after _ensure_safe), and
             # each Python frame costs ~0.1-0.3 us per call, more after a wide invoke has
             # evicted the caches. Bound here, as instance attributes, so a caller (a test, a
@@ -205,7 +207,7 @@ def _guarded(cls: Any, name: str) -> Any:
                 self.__dict__.pop(m, None)
             super().__del__()
 
-        # (issue 36) the interpreter's RuntimeError at allocation (an operator index out of
+        # the interpreter's RuntimeError at allocation (an operator index out of
         # range, a reshape that cannot hold, ...) is a typed refusal naming the file, not a raw
         # exception at the first predict; invoke() stays unwrapped (the hot path)
         def allocate_tensors(self) -> None:
@@ -292,7 +294,7 @@ def check_parses(interp_cls: Any, blobs: Mapping[str, bytes]) -> None:
 
 
 def _build_and_allocate(interp_cls: Any, data: bytes, name: str) -> None:
-    """Build and allocate (issue 36: at ``load()``, inside the typed wrapper, so what the
+    """Build and allocate (at ``load()``, inside the typed wrapper, so what the
     interpreter refuses at allocation is a SliceError now, never at the first predict)."""
     interp_cls(model_content=data, num_threads=1, model_name=name).allocate_tensors()
 

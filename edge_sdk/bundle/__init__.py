@@ -77,6 +77,8 @@ so a manifest cannot execute code.
 
 stdlib + pyyaml only: this package runs on the device (never import torch or the workstation
 packages here).
+
+Imports: edge_sdk.errors, edge_sdk.validation, edge_sdk.tflite.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The compact form of a layout-store manifest (docs/store.md §5; split out of manifest.py):
+"""The compact form of a layout-store manifest (docs/store.md §5):
 a width's graph written as another's with its own tensor shapes and op options, the slices
 table, configurations that list their files by slice name and leave out what the reader
 derives from it, and a test block whose calibrated metrics list only what differs from raw.
@@ -133,7 +133,7 @@ _COMPACT_DEFAULTS: dict[str, Any] = {"unique_values": None, "weight_entropy_bits
 
 #: Keys a configuration listing its files by name (layout store) may leave out: the reader
 #: derives them from the slices table and the labels (:func:`_derived`), or they are at the
-#: value written here (issue 21: the manifest's bytes count against the bundle)
+#: value written here (the manifest's bytes count against the bundle)
 _NAMED_DEFAULTS: dict[str, Any] = {"temperature_folded": False, "weights": "dequantize"}
 #: A named configuration's cascade entry without ``max_loss`` was planned with this one (the
 #: exporter's default ``--cascade-max-loss``)

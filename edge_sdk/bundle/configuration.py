@@ -1,4 +1,4 @@
-"""One configuration of a bundle (split out of manifest.py): :class:`Configuration`, a runnable
+"""One configuration of a bundle: :class:`Configuration`, a runnable
 (width, scope, samples) with what was measured about it, and the checks of its fields (the
 confidence thresholds, the cascade plans, the test metrics, the store recipes of its files).
 
@@ -164,7 +164,7 @@ class Configuration(_Record):
                 f"expected {shape} for scope {scope!r} (samples={samples}), "
                 f"got {list(output.shape)}",
             )
-        # logits / temperature in float32 (5e-324 made NaN probabilities: issue 36)
+        # logits / temperature in float32 (5e-324 made NaN probabilities)
         out["temperature"] = f32_value(v["temperature"], join(path, "temperature"),
                                        positive=True)
         out["temperature_folded"] = bool_value(v["temperature_folded"], join(path, "temperature_folded"))

@@ -84,11 +84,11 @@ class Manifest(_Record):
     configurations: tuple[Configuration, ...]
     # width key -> the width's point graph description, weights by reference (store layout)
     graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # (schema version 5, issue 33) ``uncertainty.bin``: out-of-distribution statistics and
+    # (schema version 5) ``uncertainty.bin``: out-of-distribution statistics and
     # conformal quantiles (edge_sdk.answers.uncertainty), {name, sha256, bytes}, verified like the
     # weights in both layouts; None: the bundle has none (answers carry ood_score None)
     uncertainty: StoreEntry | None = None
-    # (schema version 6, issue 34) the training split's per-channel raw statistics
+    # (schema version 6) the training split's per-channel raw statistics
     # (edge_sdk.bundle.stats); None: no ``input_suspect`` (answers carry None)
     input_stats: InputStats | None = None
 

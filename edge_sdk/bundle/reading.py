@@ -41,7 +41,7 @@ def manifest_to_yaml(manifest: Manifest) -> str:
     # read back (found by the round-trip property test); escapes round-trip everything.
     # default_flow_style=None: a list or mapping of scalars on one line ([1, 8, 8, 1], a file
     # entry), everything else in block style; a store bundle's manifest is mostly such leaves
-    # and its bytes count against the bundle (issue 21)
+    # and its bytes count against the bundle
     body = yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None,
                      width=100)
     text = f"# edge-sdk bundle manifest (schema version {manifest.schema_version})\n{body}"
@@ -78,7 +78,7 @@ def _check_events(text: str, where: str) -> None:
     Checked on the event stream (an alias is one event there), before anything is composed:
     expanding nested aliases (a "billion laughs" bomb) is what exhausts memory, and no manifest
     needs them; PyYAML's scanner is quadratic in flow nesting (1000 levels of [ take > 1 s),
-    so the stream is abandoned as soon as it gets too deep. A duplicate key (issue 36) is
+    so the stream is abandoned as soon as it gets too deep. A duplicate key is
     refused too: PyYAML keeps the last one silently, so ``temperature`` written twice would
     mean whichever a reviewer did not read."""
     depth = 0

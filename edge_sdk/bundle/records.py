@@ -32,10 +32,10 @@ SCHEMA_VERSION = 6  # what the exporter writes
 # 3 = bundle layouts (files | store: one weight store, slices materialised; docs/store.md),
 # 4 = version 3 whose store configurations and graphs may leave out what the reader derives
 # (docs/store.md §5): an edge_sdk that reads only 1..3 refuses it by its version, not by a
-# missing key, 5 = version 4 plus ``uncertainty`` (issue 33: a verified file of
+# missing key, 5 = version 4 plus ``uncertainty`` (a verified file of
 # out-of-distribution statistics and conformal quantiles; slices with a second output, the
 # features it reads); an older bundle loads without them (ood_score None, no set), 6 = version
-# 5 plus ``input_stats`` (issue 34: the training split's per-channel raw statistics; an older
+# 5 plus ``input_stats`` (the training split's per-channel raw statistics; an older
 # bundle answers input_suspect None)
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST_NAME = "manifest.yaml"

@@ -62,14 +62,14 @@ def check_slice(data: bytes, name: str, config: Configuration, spec: InputSpec,
     (``[S, C]`` for head scope, ``[1, C]`` otherwise). Only the batch dimension (``batch_dim``;
     0 in a version-1 bundle, whose slices still run at batch 1) may be -1 in a shape signature."""
     what = f"{where}: {name}" if where else name
-    # the whole graph first (issue 36): parsed back into the writer's description and checked
+    # the whole graph first: parsed back into the writer's description and checked
     # as the store route checks what it materialises, so no unsound flatbuffer (a shape that
     # lies, an index out of range, a cycle, a NaN constant) ever reaches an interpreter
     read_graph(data, what)
     inputs, outputs = read_io(data, what)
     expect_in = f"{MODEL_DTYPE} {list(spec.shape)}"
     expect_out = f"{MODEL_DTYPE} {list(config.output.shape)}"
-    # (issue 33) a second output is the classifier's input features [1, D], which the
+    # a second output is the classifier's input features [1, D], which the
     # out-of-distribution score reads; the logits are always the first
     if len(inputs) != 1 or len(outputs) not in (1, 2):
         raise BundleError(
@@ -123,7 +123,7 @@ def _read_once(path: Path, entry: FileEntry, root: Path) -> bytes:
 
 def read_verified(bundle_dir: PathLike, entry: FileEntry) -> bytes:
     """One listed file of ``bundle_dir`` read once and verified (size, sha256), e.g. the
-    ``uncertainty.bin`` of issue 33."""
+    ``uncertainty.bin`` (docs/uncertainty.md)."""
     root = Path(bundle_dir)
     data = _read_once(resolve_file(root, entry.name), entry, root)
     verify_bytes(data, entry, str(root))

@@ -1,4 +1,4 @@
-"""The manifest's ``input_stats`` (schema version 6, issue 34): the training split's
+"""The manifest's ``input_stats`` (schema version 6): the training split's
 per-channel statistics of the raw input, which :mod:`edge_sdk.inputs.stats` checks each call
 against (what the numbers mean: that module)."""
 from __future__ import annotations

@@ -165,7 +165,7 @@ def write_bundle(
 ) -> Path:
     """Write ``manifest`` and ``files`` (name -> bytes) as the bundle directory ``bundle_dir``.
 
-    ``sign`` (issue 36): manifest bytes -> the signature file's bytes
+    ``sign``: manifest bytes -> the signature file's bytes
     (:func:`edge_sdk.trust.signing.signer`); the signature is written inside the same atomic write,
     so a signed bundle never exists unsigned, even for a moment.
 

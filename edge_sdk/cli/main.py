@@ -154,7 +154,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     try:
         with _one_line_argparse():
             code = command(rest)
-    except _ArgumentError as exc:  # argparse's usage block + error, as one line (issue 36)
+    except _ArgumentError as exc:  # argparse's usage block + error, as one line
         print(one_line(f"{exc.prog}: error: {exc.message} (run '{exc.prog} --help' for its "
                        "arguments)"), file=sys.stderr)
         return EXIT_INVALID
@@ -169,7 +169,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
 
 
 def one_line(message: str) -> str:
-    """``message`` on one line whatever it holds (issue 36: a newline in a path, or a
+    """``message`` on one line whatever it holds (a newline in a path, or a
     multi-line message, broke the one-line error): control characters escaped as Python
     would write them (``\\n``), so a path stays readable and unambiguous."""
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
@@ -198,7 +198,7 @@ def _one_line_argparse() -> Iterator[None]:
         argparse.ArgumentParser.error = saved  # type: ignore[method-assign]  # the original
 
 
-# Commands of the device wheel that need no entry point (issue 36's signing commands): the
+# Commands of the device wheel that need no entry point (the signing commands): the
 # dispatcher knows them, so a wheel built before they existed, or an editable install whose
 # metadata predates them, still has them. An entry point of the same name wins.
 BUILTIN_COMMANDS = {"sign": "edge_sdk.cli.signing:sign_main",

@@ -1,4 +1,4 @@
-"""``edge-sdk sign`` and ``edge-sdk keygen`` (issue 36, docs/signing.md). Built into the
+"""``edge-sdk sign`` and ``edge-sdk keygen`` (docs/signing.md). Built into the
 dispatcher (:data:`edge_sdk.cli.main.BUILTIN_COMMANDS`); they need the optional ``cryptography``
 package and say how to install it when it is absent (exit 2, one line)."""
 from __future__ import annotations

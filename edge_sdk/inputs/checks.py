@@ -36,7 +36,7 @@ class InputChecker:
                                 (c,))
         self.scale_c = tuple(float(v) for v in scale)
         self.shift_c = tuple(float(v) for v in shift)
-        # (issue 34) spread over a whole sample: broadcasting a 3-channel vector makes numpy
+        # spread over a whole sample: broadcasting a 3-channel vector makes numpy
         # run its inner loop 3 elements at a time (11 us for a 32x32x3 image, 2.5 us contiguous)
         self._scale = np.ascontiguousarray(np.broadcast_to(scale, self.want))
         self._shift = np.ascontiguousarray(np.broadcast_to(shift, self.want))
@@ -47,7 +47,7 @@ class InputChecker:
         self._hi = hi + 1e-6 * max(1.0, abs(hi))
         # a uint8 array cannot leave a declared range that covers 0..255: no min/max pass
         self._any_uint8 = self._lo <= 0 and self._hi >= 255
-        # (issue 34) what the runtime's interpreters take: the raw values in the bundle's
+        # what the runtime's interpreters take: the raw values in the bundle's
         # input dtype; the graph normalises them (edge_sdk/answers/graph.py, RawInput)
         self.feed_dtype = _UINT8 if self.dtype == "uint8" else _FLOAT32
 
@@ -97,7 +97,7 @@ class InputChecker:
                 f"{what} has dtype {arr.dtype}, but this bundle declares uint8 input (raw values "
                 f"{a:g}..{b:g}); pass the integer pixel values, not an image scaled to [0, 1]")
         # the extremes by argmin / argmax (0.6 us on 64 values, the min / max reductions 1.9:
-        # issue 34's SDK time); both return a NaN's index when there is one and expose
+        # the SDK's own time); both return a NaN's index when there is one and expose
         # +-inf, so this checks finiteness too; checked before the float32 cast, so a huge
         # float64 is reported as out of range
         lo, hi = float(arr.item(arr.argmin())), float(arr.item(arr.argmax()))
@@ -119,7 +119,7 @@ class InputChecker:
         runtime's interpreters take (their graphs normalise: edge_sdk/answers/graph.py)."""
         if type(x) is np.ndarray and x.shape == self.want:  # the common case, kept lean
             dt = x.dtype
-            # (issue 34) _checked inline: a NaN fails both comparisons and an infinity the
+            # _checked inline: a NaN fails both comparisons and an infinity the
             # range, so anything refused takes the general path (the message)
             if dt is self.feed_dtype and ((dt is _UINT8 and self._any_uint8) or (
                     self._lo <= x.item(x.argmin()) and x.item(x.argmax()) <= self._hi)):

@@ -31,7 +31,7 @@ def read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[
     if p.is_dir():
         raise InputError(f"--input {path} is a directory; expected a .npy array or an image file")
     if not p.is_file():
-        # say what it really is (issue 36: a FIFO was reported as missing)
+        # say what it really is (a FIFO was reported as missing)
         kind = _special_kind(p)
         raise InputError(f"--input {path} {kind}; expected a .npy array or an image file")
     if p.suffix.lower() == ".npy":
@@ -87,7 +87,7 @@ def _sniff(head: bytes) -> str:
 
 
 def _check_npy_header(p: Path) -> None:
-    """(issue 36) the header is read and checked before numpy allocates anything: a 137-byte
+    """the header is read and checked before numpy allocates anything: a 137-byte
     file declaring 10**12 elements made np.load raise its own memory error (a traceback)."""
     fmt = np.lib.format
     try:

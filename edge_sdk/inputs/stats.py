@@ -1,4 +1,4 @@
-"""Inputs unlike the training data (issue 34): the training split's per-channel statistics, as
+"""Inputs unlike the training data: the training split's per-channel statistics, as
 the manifest carries them (schema version 6, ``input_stats``), and the check each call makes.
 
 A value outside the declared raw range is refused (:class:`~edge_sdk.errors.InputError`,
@@ -10,9 +10,9 @@ percentile), widened on both sides by ``margin`` (raw units; the exporter states
 fraction of the value range, 10 %). A sample outside any band is ``input_suspect``.
 
 Two statistics per channel, because they are what a mis-scaled or mis-ordered input moves
-and they cost one reduction each (issue 34 counts the SDK's microseconds); the manifest also
+and they cost one reduction each (every microsecond of the SDK counts); the manifest also
 records each channel's mean and high quantiles (99th, 99.9th percentile) of the raw values
-for the reader. The OOD score of ``uncertainty.bin`` (issue 33) looks at the features instead;
+for the reader. The OOD score of ``uncertainty.bin`` looks at the features instead;
 the two complement each other and both make a call abstain (edge_sdk.answers.prediction.abstains).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class SuspectCheck:
             top = float(np.maximum.reduce(x, axis=None))
             a, b, c, d = self._flat
             return not (a <= mean <= b and c <= top <= d)
-        # (issue 34) each channel made contiguous first: a reduction across the interleaved
+        # each channel made contiguous first: a reduction across the interleaved
         # channels of a 32x32x3 image costs 15-28 us, the transposed copy and two contiguous
         # reductions ~5 us
         t = np.ascontiguousarray(x.reshape(-1, self.channels).T)  # [C, H*W]

@@ -12,7 +12,7 @@ import numpy as np
 from edge_sdk.errors import BudgetError
 
 
-# Bounds of every budget-like number (issue 36: 10**400 raised a raw OverflowError): far above
+# Bounds of every budget-like number (10**400 raised a raw OverflowError): far above
 # any real budget (a day; 1 TiB), low enough that sums and ratios of them stay finite.
 MAX_LATENCY_MS = 86_400_000.0
 MAX_MEMORY_MB = float(2 ** 20)

@@ -1,4 +1,4 @@
-"""What the policy believes a configuration costs (split out of policy.py; a mixin of
+"""What the policy believes a configuration costs (a mixin of
 :class:`edge_sdk.policy.policy.Policy`, which sets the attributes declared below): its end-to-end
 latency, a prior until this device has measured it and then an EWMA of the measurements that
 ages back toward the prior (every ``half_life_s`` seconds or ``half_life_calls`` decisions,
@@ -123,7 +123,7 @@ class Estimates:
             new = latency_ms
         else:
             pred, a = old[0], self.ewma
-            # _stale, _blend and _end_to_end_prior inline: this runs on every call (issue 34);
+            # _stale, _blend and _end_to_end_prior inline: this runs on every call;
             # a fresh estimate (no decision made since, younger than Policy._fresh_s: pinned
             # calls back to back) has aged less than min(1e-3, ewma), so it skips them
             if now - old[1] >= self._fresh_s or old[2] != calls:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
             lo_open: bool = False) -> float:
     # compared before math.isfinite: an int beyond float range (10**400) made it raise a raw
-    # OverflowError (issue 36); Python compares such ints with floats exactly
+    # OverflowError; Python compares such ints with floats exactly
     ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
           and (not integer or isinstance(v, numbers.Integral))
           # typeshed's numbers.Real declares no comparison with a float
@@ -83,7 +83,7 @@ class Policy(Estimates, Planner):
         self.half_life_s = _number("half_life_s", half_life_s, 0, 1e9, lo_open=True)
         self.half_life_calls = _number("half_life_calls", half_life_calls, 1, 1e12, integer=True)
         self.outlier = outlier
-        # observe()'s and call_stages' shortcut (issue 34): a measurement younger than this,
+        # observe()'s and call_stages' shortcut: a measurement younger than this,
         # with no decision made since, has aged less than min(1e-3, ewma) toward the prior
         # (0.5 ** age > 1 - that), so it is neither blended with the prior nor given more than
         # `ewma` weight (a billionth short of the bound, so rounding never crosses it)
@@ -129,7 +129,7 @@ class Policy(Estimates, Planner):
         # the measurement towards the prior, so it lies between the two, and observe()
         # lowers the bound to every smaller measurement. call_stages passes over a
         # configuration whose floor exceeds the budget without working out its staleness
-        # (issue 34: a policy-chosen call first rules out every better configuration)
+        # (a policy-chosen call first rules out every better configuration)
         self._floor = {cid: min(p, self._measured[cid][0]) if cid in self._measured else p
                        for cid, p in self._prior_e2e.items()}
         # (latency budget, memory limit, _ranked without the leading configurations that
@@ -171,7 +171,7 @@ class Policy(Estimates, Planner):
                           slack, n)
 
     def fits_memory(self, c: Configuration, budget: Budget) -> bool:
-        need = self._need.get(c.id)  # _mem_ok inline: every call asks (issue 34)
+        need = self._need.get(c.id)  # _mem_ok inline: every call asks
         return (self.memory_need_mb(c) if need is None else need) <= self.memory_limit_mb(budget)
 
     @staticmethod
@@ -267,7 +267,7 @@ class Policy(Estimates, Planner):
     def call_stages(self, budget: Budget, strict: bool = False, n: int = 1
                     ) -> tuple[Stage, ...]:
         """``plan(budget, strict, n).stages``, what the runtime executes, made cheaply in the
-        common case (issue 34: ``plan`` cost 6 us a call, ~15 us right after an invoke): for
+        common case (``plan`` cost 6 us a call, ~15 us right after an invoke): for
         the ``best`` policy whose incumbent (the last choice) still fits, :meth:`decide`'s
         rule worked out in one pass over the rule's order, with no reason built: the first
         configuration ranked above the incumbent that fits with the hysteresis headroom, else
@@ -313,7 +313,7 @@ class Policy(Estimates, Planner):
                     if prior is None:
                         pred = self._predicted(c, now, n)
                     else:
-                        # _predicted(c, now, 1) inline (issue 34: ~0.5 us less per
+                        # _predicted(c, now, 1) inline (~0.5 us less per
                         # configuration ranked above the choice): the prior until measured,
                         # then the measurement with the prior blended in by its age
                         m = measured.get(cid)

@@ -223,7 +223,7 @@ def load_profile(spec: str | os.PathLike[str]) -> DeviceProfile:
 
     try:
         text = p.read_text(encoding="utf-8")
-        # the manifest's event checks (issue 36): no aliases, no duplicate key, bounded nesting
+        # the manifest's event checks: no aliases, no duplicate key, bounded nesting
         _check_events(text, str(p))
         data = yaml.load(text, Loader=SAFE_LOADER)
     except BundleError as e:

@@ -77,7 +77,7 @@ class Executor:
     if TYPE_CHECKING:
         def _resident(self, c: Configuration, n: int = 1) -> tuple[list[Interp], float]: ...
 
-    # ---- uncertainty (issue 33) ------------------------------------------------------------
+    # ---- uncertainty ------------------------------------------------------------
     def _feature_index(self, c: Configuration, it: Any) -> int:
         """The tensor index of ``c``'s features output (its slice's second output), looked up
         once and checked against the statistics' dimension."""
@@ -205,7 +205,7 @@ class Executor:
                      t0: float, alpha: float | None = None, suspect: bool | None = None
                      ) -> Prediction:
         clock = self._clock
-        if len(stages) == 1:  # the common case, kept lean: this is all SDK time (issue 34)
+        if len(stages) == 1:  # the common case, kept lean: this is all SDK time
             c = stages[0].config
             ready = self._local.ready.get(c.id)  # resident at batch 1 (PerThread)
             if ready is None:
@@ -233,7 +233,7 @@ class Executor:
                 logits, invoke = self._invoke(interps, xn)
                 top = lean_top(c, logits)
             ood = ind = pset = None
-            # without OOD statistics the fields nobody may read wait until read (issue 34):
+            # without OOD statistics the fields nobody may read wait until read:
             # a point's probs and entropy, a head's entropy and mutual information
             lean = top if self._unc is None else None
             if lean is not None:

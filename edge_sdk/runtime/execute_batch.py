@@ -80,7 +80,7 @@ class BatchExecutor(Executor):
                 self._local.ready.clear()
             else:
                 ans = interps[0][3] if len(interps) == 1 else -1  # the graph's answers
-                # a point's logits are read only to name a non-finite one (issue 34: a
+                # a point's logits are read only to name a non-finite one (a
                 # get_tensor costs ~4 us right after a batched invoke)
                 read = not (answer_only and ans >= 0)
                 t0 = self._clock()
@@ -120,7 +120,7 @@ class BatchExecutor(Executor):
         cascade's second stage only on those the first was not confident about)."""
         clock = self._clock
         n = len(xn)
-        if len(stages) == 1:  # one configuration answers all: arrays only (issue 34)
+        if len(stages) == 1:  # one configuration answers all: arrays only
             c = stages[0].config
             logits, invoke, built, feats, answers = self._run_batch(
                 c, xn, answer_only=c.scope == "point")

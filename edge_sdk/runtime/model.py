@@ -73,7 +73,7 @@ class EdgeModel(BatchExecutor, Residency):
         self.bundle_dir = Path(bundle_dir)
         if trusted_keys is None:
             self.manifest: Manifest = read_manifest(self.bundle_dir, verify=False)
-        else:  # (issue 36) the manifest's bytes verified against the keys before parsing
+        else:  # the manifest's bytes verified against the keys before parsing
             from edge_sdk.trust.signing import read_trusted_manifest
 
             self.manifest = read_trusted_manifest(self.bundle_dir, trusted_keys)
@@ -84,7 +84,7 @@ class EdgeModel(BatchExecutor, Residency):
         # each slice materialised from it on first use and verified (sha256 == the manifest's,
         # tensors) before any interpreter sees it, cached LRU under memory_cap_mb
         self._slices: SliceSource = open_slices(self.bundle_dir, self.manifest, memory_cap_mb)
-        # (issue 33) the OOD statistics and conformal quantiles, verified like the weights
+        # the OOD statistics and conformal quantiles, verified like the weights
         self._unc: Uncertainty | None = None
         if uncertainty and self.manifest.uncertainty is not None:
             entry = self.manifest.uncertainty
@@ -112,10 +112,10 @@ class EdgeModel(BatchExecutor, Residency):
         self.profile, self.latency_source, priors = latency_priors(
             self.bundle_dir, self.manifest.configurations, profile, threads)
         self._inputs = InputChecker(self.manifest.input)
-        # (issue 34) every interpreter takes the raw sample and normalises it in its graph
+        # every interpreter takes the raw sample and normalises it in its graph
         self._raw = RawInput(self._inputs.feed_dtype.name, self._inputs.scale_c,
                              self._inputs.shift_c)
-        # (issue 34) input_suspect: the sample's raw statistics against the training split's
+        # input_suspect: the sample's raw statistics against the training split's
         stats = self.manifest.input_stats
         self._suspect = SuspectCheck(stats) if input_check and stats is not None else None
         self._classes = len(self.manifest.labels)
@@ -194,7 +194,7 @@ class EdgeModel(BatchExecutor, Residency):
         sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
         stages: tuple[Stage, ...] | None
         if config_id is not None:
-            # the pinned one-stage plan, looked up inline (issue 34); strict mode checks it
+            # the pinned one-stage plan, looked up inline; strict mode checks it
             stages = self._pinned_plans.get(config_id) if type(config_id) is str else None
             if stages is None or self.strict:
                 stages = (self._pinned(config_id, budget, 1),)
@@ -376,7 +376,7 @@ def load(bundle_dir: str | os.PathLike[str], profile: str | os.PathLike[str] | N
         conformal: the sets' score, "lac", "aps" or "raps".
         abstain_on_ood: ``abstain`` also when the input is unlike the training data:
             ``in_distribution`` False or ``input_suspect`` True.
-        input_check: compute ``input_suspect`` (issue 34: the sample's per-channel mean and
+        input_check: compute ``input_suspect`` (the sample's per-channel mean and
             maximum against the training split's, from the manifest's ``input_stats``;
             False, or a bundle without them: None).
         memory_reader: MB available now (tests; default psutil).

@@ -36,7 +36,7 @@ class PerThread(threading.local):
     """One thread's interpreters. ``cache``: by file name, least recently used first.
     ``ready``: by configuration id, the one interpreter of a point or head configuration that
     is resident at batch 1 with its first use recorded, so a one-sample call finds it with one
-    lookup (issue 34: ``_resident``'s checks cost 0.5 us warm, more after a wide invoke); only
+    lookup (``_resident``'s checks cost 0.5 us warm, more after a wide invoke); only
     without ``memory_cap_mb`` (whose LRU order every use moves), emptied whenever ``cache``
     changes (a build, a resize, an eviction)."""
 

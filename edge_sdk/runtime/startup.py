@@ -1,8 +1,8 @@
-"""What :func:`edge_sdk.load` works out once, before the first call (split out of runtime.py):
+"""What :func:`edge_sdk.load` works out once, before the first call:
 its arguments typed before the bundle is read, the interpreter latency the policy believes of
 each configuration until this process has measured it (a device profile or the manifest), the
 SDK's own time per call outside the interpreter measured on this host (so an unmeasured
-configuration's end-to-end prior is its invoke prior plus that, issue 34 goal 6), and which
+configuration's end-to-end prior is its invoke prior plus that), and which
 width's OOD statistics each configuration reads.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The weight store (issue 21, docs/store.md): one copy of the network for every width and
+"""The weight store (docs/store.md): one copy of the network for every width and
 posterior sample. Torch-free: numpy only.
 
 - :mod:`.packing`: bit-packed codebook indices and non-zero masks;
@@ -7,6 +7,8 @@ posterior sample. Torch-free: numpy only.
   deflate-compressed);
 - :mod:`.quant`: the per-channel int8 grid (shared with the exporter);
 - :mod:`.materialize`: (store, width, sample) -> ``.tflite`` bytes (docs/store.md §3).
+
+Imports: edge_sdk.errors, edge_sdk.validation, edge_sdk.tflite, edge_sdk.bundle, edge_sdk.trust.
 """
 from edge_sdk.store.container import (ALIGN, COMPRESSED_VERSION, DTYPES, FORMAT_VERSION, MAGIC,
                                       MAX_INNER_BYTES, READABLE_VERSIONS, Store, compress_store,

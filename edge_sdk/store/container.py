@@ -33,7 +33,7 @@ Version 2 (``COMPRESSED_VERSION``), a deflate-compressed version 1::
 Why: the store's int8 codes, 4-bit sigma indices and float16 sample folds are far from random
 bytes. Measured on the digits demo stores (4 widths, point + head + all, S_max = 8): Gaussian
 254,432 -> 187,035 B, PWFN 237,344 -> 141,163 B, which is what brings those bundles under
-issue 21's 1.6x of the full-width point slice's ``.tflite`` (1.80x / 1.69x -> 1.37x / 1.08x). The
+the 1.6x of the full-width point slice's ``.tflite`` (1.80x / 1.69x -> 1.37x / 1.08x). The
 exporter writes version 2 whenever it is smaller (``encode_store(compress=True)``); version 1
 stays the default of :func:`encode_store` and is read as before. Integrity: a bundle's manifest
 lists the sha256 of the file's bytes, the *compressed* ones, and the reader checks it before a
@@ -261,7 +261,7 @@ def _prefixed(data: bytes | bytearray | memoryview, what: str = "store") -> memo
 
 def _inflate(buf: memoryview) -> bytearray:
     """The version-1 bytes of the version-2 file ``buf`` (prefix checked), bounded and streamed
-    (issue 36: a 1 MB store declaring 1 GiB cost 7.6 s and 2.1 GB before its refusal):
+    (a 1 MB store declaring 1 GiB cost 7.6 s and 2.1 GB before its refusal):
 
     - a declared length above ``MAX_RATIO`` times the stream's is refused before any work
       (real stores inflate 1.3-1.8x; deflate's ceiling is ~1032x, a bomb's ratio);
@@ -316,7 +316,7 @@ def _inflate(buf: memoryview) -> bytearray:
     return out
 
 
-# (issue 36) streamed inflation: a megabyte of output at a time, and a ratio cap. Measured
+# streamed inflation: a megabyte of output at a time, and a ratio cap. Measured
 # inflation ratios of real stores: 1.36-1.81x (module docstring); 32x leaves room for stores
 # of near-constant arrays and refuses a bomb (1 MB declaring 1 GiB: ~1000x) before any work.
 _CHUNK = 1 << 20
@@ -337,7 +337,7 @@ def _decode_v1(buf: memoryview) -> Store:
         if isinstance(e, BundleError):
             raise
         raise BundleError(f"store: header is not valid UTF-8 JSON ({e})") from None
-    except RecursionError:  # (issue 36) a header nested 200,000 deep
+    except RecursionError:  # a header nested 200,000 deep
         raise BundleError("store: header JSON is nested too deeply (a store header is a few "
                           "levels deep)") from None
     if not isinstance(header, dict) or set(header) != {"index", "arrays"} \

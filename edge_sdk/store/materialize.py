@@ -1,4 +1,4 @@
-"""(store, width, sample) -> ``.tflite`` bytes in memory (docs/store.md §3; issue 21,
+"""(store, width, sample) -> ``.tflite`` bytes in memory (docs/store.md §3,
 "Materialisation on the device"). numpy and the ``edge_sdk`` writer only (no torch).
 
 The exporter produces every slice it measures with :func:`materialize`, and the device calls the
@@ -184,7 +184,7 @@ def _layer_weights(store: Store, name: str, wk: str, cut: dict[str, Any], sample
         qt.exact = bool(np.array_equal(qt.dequantize(), folded))
         return qt, folded, t, True
     if sample is None and L["route"] == "float":
-        return None, folded, t, False  # cannot be exact on its step: stays float (issue)
+        return None, folded, t, False  # cannot be exact on its step: stays float
     # a posterior sample, an input scale or route "slice": per channel on this slice's own
     # step (the one quantize_per_channel the files route uses too)
     return quantize_per_channel(folded, 0), folded, t, False
@@ -199,7 +199,7 @@ def head_graph(graph: Graph, classifier: str, heads: int) -> Graph:
     g = copy.deepcopy(graph)
     wname = f"{classifier}/weight"
     fc = [o for o in g.ops if o.op == "FULLY_CONNECTED" and o.inputs[1] == wname]
-    # outputs[0] is the logits; a second output (issue 33's features, the classifier's
+    # outputs[0] is the logits; a second output (the OOD score's features, the classifier's
     # input) is the point backbone's and stays as it is
     if len(fc) != 1 or not g.outputs or fc[0].outputs[0] != g.outputs[0]:
         raise ConfigError(f"the head scope needs the classifier {classifier!r} to be the "

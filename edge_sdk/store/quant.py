@@ -63,7 +63,7 @@ def quantize_per_channel(w: npt.ArrayLike, axis: int, pow2_step: bool = False,
     ``channel_scale`` (float32, one per channel) multiplies the step: the stored scale is
     ``step * channel_scale``. Pass the *unfolded* codebook values as ``w`` and the fold scale
     here, and DEQUANTIZE yields ``float32(w) * channel_scale`` exactly when ``q * step == w``
-    (a power-of-two factor commutes with float32 rounding), which is the exporter issue's check
+    (a power-of-two factor commutes with float32 rounding), which is the exporter's check
     "int8 x scale == codebook value x fold scale".
 
     ``exact`` is whether ``q * scale`` (float32, as the runtime computes it) equals the target

@@ -1,4 +1,4 @@
-"""Where the runtime's slice bytes come from, for both bundle layouts (issue 21, docs/store.md).
+"""Where the runtime's slice bytes come from, for both bundle layouts (docs/store.md).
 
 An interpreter is only ever built from bytes this module hands out, and it hands out verified
 bytes only. Two sources, one interface (``source[name] -> bytes``):
@@ -120,7 +120,8 @@ def read_store(bundle_dir: PathLike, manifest: Manifest) -> Store:
     compressed store, container version 2, is inflated only after that check, so nothing
     unverified reaches zlib). BundleError naming the file for a missing, truncated, modified
     or undecodable store."""
-    from edge_sdk.store.container import decode_store  # numpy only; imported for store bundles alone
+    # through the package, where a test may stand in for it; numpy only, loaded for store bundles
+    from edge_sdk.store import decode_store
 
     root = Path(bundle_dir)
     entry = _store_entry(root, manifest)
@@ -187,7 +188,7 @@ class StoreSlices(SliceSource):
                  materialize: Callable[[Store, Manifest, Configuration, int], bytes] | None = None
                  ) -> None:
         if materialize is None:
-            from edge_sdk.store.materialize import materialize_file
+            from edge_sdk.store import materialize_file
 
             materialize = materialize_file
         self._store, self._manifest, self._where = store, manifest, where

@@ -1,5 +1,5 @@
 """Bounds-checked reads of a flatbuffer held in memory, with a whitelist of the fields each
-table may set (issue 36). What :mod:`edge_sdk.tflite.reader` walks a ``.tflite`` file with.
+table may set. What :mod:`edge_sdk.tflite.reader` walks a ``.tflite`` file with.
 
 Why not the ``flatbuffers`` package's Table: it trusts every offset (a forged one reads another
 table's bytes, or raises IndexError / struct.error from deep inside), and it cannot say which

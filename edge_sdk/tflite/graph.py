@@ -1,4 +1,4 @@
-"""The graph description: what a TFLite slice computes, as plain data (issue 20, "One lowering
+"""The graph description: what a TFLite slice computes, as plain data ("One lowering
 and one writer").
 
 The exporter lowers a model to a :class:`Graph`; :mod:`edge_sdk.tflite.writer` turns
@@ -202,7 +202,7 @@ def check_tensor(t: Tensor) -> None:
             raise ConfigError(f"tensor {t.name!r}: {len(q.scale)} scales for axis {q.axis} of "
                               f"shape {list(t.shape)} (one per channel expected)")
         s = np.asarray(q.scale, np.float64)
-        # written as float32: a scale float32 cannot carry would become inf or 0 (issue 36)
+        # written as float32: a scale float32 cannot carry would become inf or 0
         if not (np.isfinite(s).all() and (s >= 1.1754943508222875e-38).all()
                 and (s <= 3.4028234663852886e38).all()):
             raise ConfigError(f"tensor {t.name!r}: quantization scales must be finite, > 0 and "

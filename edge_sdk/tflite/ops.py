@@ -1,7 +1,7 @@
 """The ops of the graph description (:mod:`edge_sdk.tflite.graph`): which ops it holds, the options
 each takes, and each op's output shape. :func:`infer_shape` is the one place that knows an op's
-output shape (split out of graph.py); :meth:`edge_sdk.tflite.graph.Graph.validate` runs it over every
-op of a graph, the writer and reader through it. The ops issue 35 added take their shapes
+output shape; :meth:`edge_sdk.tflite.graph.Graph.validate` runs it over every
+op of a graph, the writer and reader through it. The ops beyond convs and linears take their shapes
 from :func:`out_shape` after :func:`infer_shape` has checked that every input is a float32
 tensor: MUL with broadcasting (squeeze-excitation gates), PADV2 (max pooling's padding), SLICE
 (one group's filter rows), GATHER (one group's input channels), RESIZE_NEAREST_NEIGHBOR /
@@ -32,11 +32,11 @@ OPS: dict[str, dict[str, Any]] = {
     "RESHAPE": {"shape": None},
     "PAD": {"paddings": None},
     "RELU": {}, "RELU6": {}, "DEQUANTIZE": {},
-    # issue 34: a uint8 input (raw pixels) to float32, the runtime's in-graph normalisation
+    # a uint8 input (raw pixels) to float32, the runtime's in-graph normalisation
     # (edge_sdk/answers/graph.py)
     "CAST": {},
     "SOFTMAX": {"beta": 1.0},
-    # issue 35: squeeze-excitation gates, SiLU and Hardswish, padded max pooling
+    # squeeze-excitation gates, SiLU and Hardswish, padded max pooling
     # MUL broadcasts (a [N, 1, 1, C] gate times [N, H, W, C]); with ``scalar`` it takes one
     # input and multiplies it by that number (the writer makes the float32 [1] constant, as
     # it makes PAD's paddings)
@@ -152,7 +152,7 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
         return (n, o), "float32"
     if op in SCALAR_OPS and opt.get("scalar") is not None:
         return _need(x, f"{what} input"), "float32"
-    if op in SHAPES:  # issue 35's ops (out_shape, below)
+    if op in SHAPES:  # the ops beyond convs and linears (out_shape, below)
         return out_shape(op, [_need(t, f"{what} input") for t in ins], opt,
                                    what), "float32"
     if op == "ADD":
@@ -219,7 +219,7 @@ def _reshape(old: tuple[int, ...], option: Iterable[SupportsInt], what: str) -> 
     return static
 
 
-# ------------------------------------------------------------------------------ issue 35's ops
+# ---------------------------------------------------------------- beyond convs and linears
 SHAPES = ("MUL", "PADV2", "SLICE", "GATHER", "RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR")
 
 

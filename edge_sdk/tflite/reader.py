@@ -1,4 +1,4 @@
-"""``.tflite`` bytes -> the graph description the writer uses (issue 36, "No bundle crashes the
+"""``.tflite`` bytes -> the graph description the writer uses ("No bundle crashes the
 process"): :func:`read_graph` parses a slice back into ``(Graph, weights)`` and refuses, as a
 :class:`~edge_sdk.errors.SliceError`, everything :mod:`edge_sdk.tflite.writer` would not have
 written, then checks the result as the store route checks what it materialises

@@ -19,7 +19,7 @@ generated module where it is installed):
     SignatureDef    inputs 0, outputs 1, signature_key 2, subgraph_index 4
     TensorMap       name 0, tensor_index 1 (uint32)
 
-The gotchas measured by the exporter issue, each marked ``(issue)``: buffer 0 is the empty
+The gotchas a runtime enforces, each marked ``(gotcha)``: buffer 0 is the empty
 sentinel, model version 3, the ``TFL3`` identifier, both builtin code fields, op versions that
 match the data (an old runtime then refuses what it cannot compute instead of computing garbage),
 int64 zero points, 16-byte aligned buffer data, a zero bias for convs that have none.
@@ -44,7 +44,7 @@ __all__ = ["write_tflite"]
 
 _PADDING = {"SAME": 0, "VALID": 1}  # enum Padding
 _ACTIVATION = {None: 0, "relu": 1, "relu6": 3}  # enum ActivationFunctionType
-_ALIGN = 16  # (issue) Buffer.data is force_align: 16, as TFLite's own converter writes it
+_ALIGN = 16  # (gotcha) Buffer.data is force_align: 16, as TFLite's own converter writes it
 
 
 @dataclass
@@ -136,7 +136,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[_Field]]]] = {
 
 def _version(op: str, ins: list[_T | None]) -> int:
     """The op version TFLite's versioning assigns to this data: 1 for float32 activations and
-    filters, except (issue) DEQUANTIZE of int8 (2 per-tensor, 5 per-channel) and the hybrid
+    filters, except (gotcha) DEQUANTIZE of int8 (2 per-tensor, 5 per-channel) and the hybrid
     route's int8 filters: CONV_2D 2 / 5, FULLY_CONNECTED 3 / 12 (tflite-runtime 2.14 computes
     per-channel hybrid FULLY_CONNECTED wrongly below version 12)."""
     x, w = (ins + [None, None])[:2]
@@ -178,7 +178,7 @@ def _plan(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]
         ins = [-1 if n is None else index[n] for n in o.inputs]
         out = o.outputs[0]
         if o.op in ("CONV_2D", "DEPTHWISE_CONV_2D") and (len(ins) < 3 or ins[2] < 0):
-            # (issue) CONV_2D and DEPTHWISE_CONV_2D refuse an omitted bias at allocation ("Tensor
+            # (gotcha) CONV_2D and DEPTHWISE_CONV_2D refuse an omitted bias at allocation ("Tensor
             # at index 2 was optional but was expected"): give them zeros.
             c = tensors[index[out]].shape[-1]
             ins = ins[:2] + [add(_T(f"{out}/zero_bias", (c,), "float32",
@@ -223,7 +223,7 @@ def write_tflite(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]) -> bytes
     size = sum(0 if t.data is None else t.data.nbytes + _ALIGN for t in tensors)
     b = flatbuffers.Builder(size + 1024 * (len(tensors) + len(ops)) + 4096)
 
-    # Buffers: 0 is the empty sentinel (issue); then one per constant, data aligned to 16.
+    # Buffers: 0 is the empty sentinel (gotcha); then one per constant, data aligned to 16.
     buffer_of, buffers = {}, [_table(b, [])]
     for i, t in enumerate(tensors):
         if t.data is None:
@@ -246,7 +246,7 @@ def write_tflite(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]) -> bytes
         quant = None
         if t.quant is not None:
             scale = b.CreateNumpyVector(np.asarray(t.quant.scale, np.float32))
-            zero = b.CreateNumpyVector(np.zeros(len(t.quant.scale), np.int64))  # (issue) int64
+            zero = b.CreateNumpyVector(np.zeros(len(t.quant.scale), np.int64))  # (gotcha) int64
             b.StartObject(7)
             b.PrependUOffsetTRelativeSlot(2, scale, 0)
             b.PrependUOffsetTRelativeSlot(3, zero, 0)
@@ -287,7 +287,7 @@ def write_tflite(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]) -> bytes
 
     opcode_offsets = []
     for code, version in codes:  # dicts keep insertion order: index = position
-        # (issue) both fields: readers before the 2020 schema only look at the deprecated one
+        # (gotcha) both fields: readers before the 2020 schema only look at the deprecated one
         opcode_offsets.append(_table(b, [("Int8", 0, min(code, 127), 0),
                                          ("Int32", 2, version, 1), ("Int32", 3, code, 0)]))
 
@@ -327,7 +327,7 @@ def write_tflite(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]) -> bytes
     b.PrependUint32Slot(0, MODEL_VERSION, 0)
     for slot, off in ((1, v_codes), (2, v_sgs), (3, desc), (4, v_bufs), (7, v_sigs)):
         b.PrependUOffsetTRelativeSlot(slot, off, 0)
-    b.Finish(b.EndObject(), file_identifier=b"TFL3")  # (issue)
+    b.Finish(b.EndObject(), file_identifier=b"TFL3")  # (gotcha)
     return bytes(b.Output())
 
 

@@ -1,4 +1,4 @@
-"""Signed bundles (issue 36, docs/signing.md): an Ed25519 signature over ``manifest.yaml``'s raw
+"""Signed bundles (docs/signing.md): an Ed25519 signature over ``manifest.yaml``'s raw
 bytes, in ``manifest.yaml.sig`` beside it.
 
 Why the manifest and only it: the manifest lists every file's size and sha256, so signing its

@@ -8,7 +8,7 @@
 - :mod:`exporters.report.trace`: the budget-trace format the demo writes (validation, summary);
 - :mod:`exporters.report.figures`: reliability, width, risk–coverage and trace figures;
 - :mod:`exporters.report.markdown`: the tables and text of ``report.md``;
-- :mod:`exporters.report.uncertainty`: the OOD score and conformal sets per width (issue 33).
+- :mod:`exporters.report.uncertainty`: the OOD score and conformal sets per width.
 
 The maths they share with the exporter and the runtime (temperature-averaged probabilities,
 risk–coverage, reliability bins) lives in :mod:`edge_sdk.answers.metrics`; ``risk_coverage``,

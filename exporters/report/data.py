@@ -132,7 +132,7 @@ _SOURCES: dict = {}  # bundle dir -> (manifest mtime, verified slice source): on
 
 def _config_logits(bundle_dir: Path, config: Configuration, xs: np.ndarray) -> np.ndarray:
     """[S, N, C] logits of ``config`` on NHWC inputs, through the interpreter; a store bundle's
-    files are materialised from its verified store (issue 21)."""
+    files are materialised from its verified store."""
     from edge_sdk.bundle import MANIFEST_NAME, read_manifest
     from edge_sdk.store.sources import open_slices
     from exporters.export import slice_logits

@@ -1,4 +1,4 @@
-"""The report's uncertainty section (issue 33): per width, the OOD score on the evaluation data
+"""The report's uncertainty section: per width, the OOD score on the evaluation data
 (and the OOD data, when there is some) and the conformal sets' coverage against their size.
 
 Everything is recomputed through the bundle's own slices (their features output) and its own

@@ -143,7 +143,7 @@ def longest_chain(adj: dict[str, set[str]]) -> list[str]:
 
 def declared_layers(mods: dict[str, Path]) -> dict[str, set[str]]:
     """Subpackage -> the packages and modules its ``__init__`` docstring says it imports
-    (the line ``Imports: a, b.``; ``every other`` / ``anything``: all but the ones named)."""
+    (the line ``Imports: a, b.``; ``every other ... but x``: all but x; ``anything``: all)."""
     subpackages = sorted(n for n, p in mods.items() if p.name == "__init__.py" and "." in n)
     top = sorted(set(subpackages) | set(FOUNDATION))
     out = {}
@@ -153,8 +153,10 @@ def declared_layers(mods: dict[str, Path]) -> dict[str, set[str]]:
         assert m, f"{name}/__init__.py: its docstring must say what it imports ('Imports: ...')"
         text = " ".join(m.group(1).split())
         named = set(re.findall(r"edge_sdk(?:\.\w+)?", text))
-        if text.startswith(("every other", "anything")):
+        if text.startswith("every other"):
             named = set(top) - named - {name}
+        elif text.startswith("anything"):  # the top layer: the public API included
+            named = set(top) | {"edge_sdk"}
         out[name] = named
     return out
 

@@ -140,8 +140,8 @@ class NestedModel(nn.Module):
 
     def truncation_plan(self, width: float) -> dict[str, "LayerCut"]:
         """Per Bayesian layer (module name), what the width-``width`` slice keeps of it: the one
-        definition :meth:`truncate` applies and the weight store records (issue 21,
-        docs/store.md §2): a prefix of the output channels, a prefix of the input channels
+        definition :meth:`truncate` applies and the weight store records
+        (docs/store.md §2): a prefix of the output channels, a prefix of the input channels
         (the producer's kept groups), and the kept channels' keep probabilities."""
         kept, keep_prob = self._width_state(width)
         plan = {}

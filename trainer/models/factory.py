@@ -1,8 +1,8 @@
-"""``model.name: my_pkg.models:resnet20`` (issue 20, CLI and config): a user's factory returning a
+"""``model.name: my_pkg.models:resnet20`` (CLI and config): a user's factory returning a
 plain ``nn.Module``, nested by :func:`trainer.nest` (trainer/nesting.py).
 
 The factory is called with the config's ``model.kwargs`` and those of ``num_classes``,
-``in_channels``, ``input_size`` its signature names (issue 35: ``torchvision.models:resnet18``
+``in_channels``, ``input_size`` its signature names (``torchvision.models:resnet18``
 takes ``**kwargs`` it forwards to its class, so a factory with ``**kwargs`` gets only
 ``num_classes``, the one argument every torchvision classifier takes). A factory that takes no
 ``in_channels`` gets its stem -- the ``Conv2d`` reading the input -- replaced by one with

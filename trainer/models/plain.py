@@ -1,6 +1,6 @@
 """Plain (not nested, not Bayesian) definitions that :func:`trainer.nest` (trainer/nesting.py)
 converts: the registry's ``resnet20_cifar`` and ``mobilenet_v2`` are ``nest(...)`` of these
-(issue 20, "Registry").
+("Registry").
 
 ``ResNet20Cifar`` is He et al.'s CIFAR ResNet-20 (3 stages of 3 basic blocks, 16/32/64 channels).
 Its shortcut where the shape changes is a 1x1 projection + BN ("option B"): the original
@@ -130,7 +130,7 @@ class MobileNetV2(nn.Module):
 
 
 class AllConvNet(nn.Module):
-    """The all-convolutional CIFAR network issue 32 measures as the reference: per stage two
+    """The all-convolutional CIFAR network measured as the reference: per stage two
     3x3 conv + BN + ReLU, a 2x2 max-pool after each stage, global average pooling, one linear
     layer. ``channels`` = (32, 64, 128) is 38.6 M MACs at 32x32 -- the compute of ``nested_vgg``
     at width_mult 0.5 -- with 0.29 M parameters (VGG's: 2.4 M): it spends its MACs at high

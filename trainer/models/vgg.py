@@ -24,7 +24,7 @@ class NestedVGG(NestedModel):
 
     ``hidden=0`` drops the hidden dense layer: the classifier reads the last conv's features
     directly (at 32x32 the VGG plans end at 1x1, so this is global average pooling into the
-    classifier -- issue 17's "GAP head" ablation, at ~the same MACs)."""
+    classifier -- the "GAP head" ablation (docs/ablations.md), at ~the same MACs)."""
 
     def __init__(self, plan: list, in_channels: int, input_size: int, hidden: int,
                  num_classes: int, groups: int, frozen: int, prior_pi: float, init_mubar: float,

@@ -1,4 +1,4 @@
-"""Registered ``nest(...)`` of plain definitions (issue 20, "Registry"): three-line variants,
+"""Registered ``nest(...)`` of plain definitions ("Registry"): three-line variants,
 like timm's. ``residual`` / ``nest_stem`` are :func:`trainer.nest`'s options (trainer/nesting.py;
 BN³ App. 9.1: nesting inside the blocks, ``residual="inner"``, is what the paper does for
 ResNeXt and MobileNetV2)."""
@@ -47,7 +47,7 @@ def nested_allconv(num_classes: int = 10, in_channels: int = 3, input_size: int 
                    width_mult: float = 1.0, groups: int = 8, frozen: int = 1,
                    prior_pi: float = 0.9, init_mubar: float = 3.0, log_alpha_init: float = -4.0,
                    nest_stem: bool = True) -> NestedGraphModel:
-    """Issue 32's all-convolutional reference network (:class:`AllConvNet`: 32, 32 | 64, 64 |
+    """The all-convolutional reference network (:class:`AllConvNet`: 32, 32 | 64, 64 |
     128, 128 channels, max-pool per stage, global average pooling), nested. ``nest_stem``
     nests the first conv too, so a width-w slice has exactly the channels -- and the MACs -- of
     the plain network at width w (BN³ App. 9.1 keeps the stem whole; here that would leave
