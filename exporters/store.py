@@ -25,7 +25,7 @@ from edge_sdk.store import (SAMPLER, Store, bits_for, compress_store, decode_sto
                             pack_bits)
 from edge_sdk.store.decode import decode_point, sample_weights
 from edge_sdk.store.materialize import STORE_INDEX_VERSION
-from edge_sdk.store.quant import quantize_per_channel
+from edge_sdk.tflite.quant import quantize_per_channel
 from exporters.fold import fold_affine
 from exporters.sigma_code import REL_TOL, code_sigma, encode_sigma
 from exporters.slice import classifier_name, make_slice

@@ -12,7 +12,7 @@ import numpy as np
 from edge_sdk.bundle import WEIGHT_ROUTES  # the manifest's weight routes, defined once
 from edge_sdk.errors import ConfigError
 # one definition of the int8 grid, shared with the device-side materialiser (docs/store.md §3)
-from edge_sdk.store.quant import QuantizedTensor, quantize_per_channel
+from edge_sdk.tflite.quant import QuantizedTensor, quantize_per_channel
 from exporters.fold import fold_affine, fold_layer, fold_scale
 from trainer.layers import BayesNestedLayer
 from trainer.models.base import NestedModel

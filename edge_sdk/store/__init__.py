@@ -5,7 +5,7 @@ posterior sample. Torch-free: numpy only.
 - :mod:`.sampler`: the pinned counter-based sampler ``hash32-v1`` (normals, categoricals);
 - :mod:`.container`: the ``store.bin`` file format (a JSON index plus named arrays; version 2
   deflate-compressed);
-- :mod:`.quant`: the per-channel int8 grid (shared with the exporter);
+- the per-channel int8 grid it shares with the exporter is :mod:`edge_sdk.tflite.quant`;
 - :mod:`.materialize`: (store, width, sample) -> ``.tflite`` bytes (docs/store.md §3).
 
 Imports: edge_sdk.errors, edge_sdk.validation, edge_sdk.tflite, edge_sdk.bundle, edge_sdk.trust.

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from edge_sdk.errors import BundleError
 from edge_sdk.store import sampler
 from edge_sdk.store.packing import Indices, Packed, unpack_bits, unpack_lookup, unpack_mask
-from edge_sdk.store.quant import along
+from edge_sdk.tflite.quant import along
 
 if TYPE_CHECKING:
     from edge_sdk.store.container import Store

@@ -73,7 +73,7 @@ from edge_sdk.tflite.graph import Graph, tflite_weight
 from edge_sdk.tflite.tensors import QUANT_AXIS, Op, Quantization, Tensor
 from edge_sdk.store import sampler
 from edge_sdk.store.decode import _bad, _codes, _layer, decode_point, sample_weights
-from edge_sdk.store.quant import QuantizedTensor, along, quantize_per_channel
+from edge_sdk.tflite.quant import QuantizedTensor, along, quantize_per_channel
 from edge_sdk.tflite.writer import write_tflite
 
 if TYPE_CHECKING:  # edge_sdk.bundle imports this module lazily (store bundles)

@@ -20,7 +20,7 @@ IntPair = int | Sequence[int]  # 2 or [2, 2]: a window's size or stride (edge_sd
 
 class PerChannelScale(Protocol):
     """What :meth:`GraphBuilder.add_const` reads of ``quant`` (e.g. a
-    :class:`edge_sdk.store.quant.QuantizedTensor`)."""
+    :class:`edge_sdk.tflite.quant.QuantizedTensor`)."""
 
     @property
     def scale(self) -> npt.ArrayLike: ...

@@ -89,6 +89,8 @@ class Graph:
                 d["weight"] = t.weight
             if t.quant is not None:  # float32 -> Python float -> float32 is exact
                 d["quant"] = {"scale": [float(s) for s in t.quant.scale], "axis": t.quant.axis}
+                if any(t.quant.zero_point):
+                    d["quant"]["zero_point"] = [int(z) for z in t.quant.zero_point]
             return d
 
         def op(o: Op) -> dict[str, Any]:
@@ -120,7 +122,8 @@ class Graph:
                               t.get("dtype", "float32"), t.get("weight"),
                               None if t.get("quant") is None else Quantization(
                                   tuple(float(s) for s in t["quant"]["scale"]),
-                                  int(t["quant"].get("axis", 0))))
+                                  int(t["quant"].get("axis", 0)),
+                                  tuple(int(z) for z in t["quant"].get("zero_point", ()))))
                        for t in d["tensors"]]
             ops = [Op(o["op"], list(o["inputs"]), list(o["outputs"]), dict(o.get("options", {})))
                    for o in d["ops"]]
@@ -195,12 +198,25 @@ def check_tensor(t: Tensor) -> None:
     if any(not isinstance(d, (int, np.integer)) or d <= 0 for d in t.shape):
         raise ConfigError(f"tensor {t.name!r}: shape {list(t.shape)} must be positive integers")
     q = t.quant
-    if q is not None:
-        if t.dtype != "int8" or t.weight is None:
-            raise ConfigError(f"tensor {t.name!r}: only int8 constants carry quantization")
+    if q is None:
+        if t.dtype == "int8" and t.weight is None:
+            raise ConfigError(f"tensor {t.name!r}: an int8 activation needs its quantization")
+        return
+    if t.weight is None:  # an integer graph's activation: one scale, one zero point
+        if t.dtype != "int8" or len(q.scale) != 1 or q.axis != 0 or len(q.zero_point) > 1 \
+                or not all(-128 <= z <= 127 for z in q.zero_point):
+            raise ConfigError(f"tensor {t.name!r}: a quantized activation is int8 with one "
+                              "scale and one zero point in [-128, 127]")
+    else:  # a constant: int8 filters and their int32 biases, symmetric per channel
+        if t.dtype not in ("int8", "int32") or any(q.zero_point):
+            raise ConfigError(f"tensor {t.name!r}: quantized constants are int8 (or an int32 "
+                              "bias) with zero points 0")
         if not 0 <= q.axis < len(t.shape) or len(q.scale) != t.shape[q.axis]:
             raise ConfigError(f"tensor {t.name!r}: {len(q.scale)} scales for axis {q.axis} of "
                               f"shape {list(t.shape)} (one per channel expected)")
+    if q.zero_point and len(q.zero_point) != len(q.scale):
+        raise ConfigError(f"tensor {t.name!r}: {len(q.zero_point)} zero points for "
+                          f"{len(q.scale)} scales")
         s = np.asarray(q.scale, np.float64)
         # written as float32: a scale float32 cannot carry would become inf or 0
         if not (np.isfinite(s).all() and (s >= 1.1754943508222875e-38).all()
@@ -218,7 +234,7 @@ def check_weight(t: Tensor, weights: Mapping[str, npt.NDArray[Any]]) -> npt.NDAr
     if a.shape != tuple(t.shape) or a.dtype != np.dtype(t.dtype):
         raise ConfigError(f"weight {t.weight!r} is {a.dtype} {list(a.shape)}, tensor {t.name!r} "
                           f"expects {t.dtype} {list(t.shape)}")
-    if t.quant is not None and (a == -128).any():  # symmetric grid: -128 is never used
+    if t.quant is not None and t.dtype == "int8" and (a == -128).any():  # symmetric grid
         raise ConfigError(f"weight {t.weight!r}: int8 value -128 is outside the symmetric range")
     return a
 

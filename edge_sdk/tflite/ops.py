@@ -32,6 +32,8 @@ OPS: dict[str, dict[str, Any]] = {
     "RESHAPE": {"shape": None},
     "PAD": {"paddings": None},
     "RELU": {}, "RELU6": {}, "DEQUANTIZE": {},
+    # float32 -> int8 at an integer graph's input (edge_sdk.tflite.integer)
+    "QUANTIZE": {},
     # a uint8 input (raw pixels) to float32, the runtime's in-graph normalisation
     # (edge_sdk/answers/graph.py)
     "CAST": {},
@@ -56,6 +58,11 @@ OPS: dict[str, dict[str, Any]] = {
 }
 #: ops whose option ``scalar`` replaces their second input (a float32 [1] constant in the file)
 SCALAR_OPS = ("ADD", "MUL")
+#: ops with int8 kernels: the ops of an integer graph (edge_sdk.tflite.integer), whose
+#: activations are int8 from the QUANTIZE after its input to the DEQUANTIZE before its outputs
+INT8_KERNELS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD",
+                          "CONCATENATION", "MAX_POOL_2D", "AVERAGE_POOL_2D", "MEAN", "RESHAPE",
+                          "PAD", "RELU", "RELU6", "DEQUANTIZE"})
 
 
 # ------------------------------------------------------------------------------ shapes
@@ -92,8 +99,15 @@ def _need(t: Tensor | None, what: str, rank: int | None = None, dtype: str = "fl
     return tuple(t.shape)
 
 
-def _filter(t: Tensor | None, what: str, rank: int, int8_ok: bool) -> tuple[int, ...]:
-    """A float32 filter, or (hybrid route) an int8 constant quantized per channel on axis 0."""
+def _filter(t: Tensor | None, what: str, rank: int, int8_ok: bool, axis: int | None = None
+            ) -> tuple[int, ...]:
+    """A float32 filter, or (hybrid route) an int8 constant quantized per channel on axis 0;
+    ``axis``: an integer op's filter, int8 per channel on that axis."""
+    if axis is not None:
+        if t is None or t.weight is None or t.quant is None or t.quant.axis != axis:
+            raise ConfigError(f"{what}: an int8 kernel's filter is an int8 constant quantized "
+                              f"per channel on axis {axis}")
+        return _need(t, what, rank, "int8")
     if t is not None and t.dtype == "int8" and int8_ok:
         if t.quant is None or t.quant.axis != 0:
             raise ConfigError(f"{what} {t.name!r}: an int8 filter needs per-channel "
@@ -102,9 +116,12 @@ def _filter(t: Tensor | None, what: str, rank: int, int8_ok: bool) -> tuple[int,
     return _need(t, what, rank)
 
 
-def _bias(t: Tensor | None, channels: int, what: str) -> None:
-    if t is not None and (t.dtype != "float32" or tuple(t.shape) != (channels,)):
-        raise ConfigError(f"{what} bias {t.name!r} must be float32 [{channels}], got "
+def _bias(t: Tensor | None, channels: int, what: str, act: str = "float32") -> None:
+    want = "int32" if act == "int8" else "float32"  # an int8 kernel's bias: int32, quantized
+    if act == "int8" and (t is None or t.weight is None or t.quant is None):
+        raise ConfigError(f"{what}: an int8 kernel needs an int32 bias constant with its scales")
+    if t is not None and (t.dtype != want or tuple(t.shape) != (channels,)):
+        raise ConfigError(f"{what} bias {t.name!r} must be {want} [{channels}], got "
                           f"{t.dtype} {list(t.shape)}")
 
 
@@ -131,75 +148,88 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
     if not arity[0] <= len(ins) <= arity[1]:
         raise ConfigError(f"{what}: takes {arity[0]}..{arity[1]} inputs, got {len(ins)}")
     x = ins[0]
+    # an int8 activation in: the op runs its int8 kernel and puts out int8
+    act = "int8" if x is not None and x.dtype == "int8" and x.weight is None else "float32"
+    if act == "int8" and op not in INT8_KERNELS:
+        raise ConfigError(f"{what}: no int8 kernel for this op here (int8 activations feed "
+                          f"{', '.join(sorted(INT8_KERNELS))})")
     if op in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        n, h, w, c = _need(x, f"{what} input", 4)
+        n, h, w, c = _need(x, f"{what} input", 4, act)
         dw = op == "DEPTHWISE_CONV_2D"
-        o, kh, kw, i = _filter(ins[1], f"{what} filter", 4, int8_ok=not dw)
+        o, kh, kw, i = _filter(ins[1], f"{what} filter", 4, int8_ok=not dw,
+                               axis=(3 if dw else 0) if act == "int8" else None)
         if (dw and (o != 1 or i != c)) or (not dw and i != c):
             raise ConfigError(f"{what}: filter {[o, kh, kw, i]} does not fit an input with {c} "
                               f"channels (expected {[1, kh, kw, c] if dw else [o, kh, kw, c]})")
         out_c = c if dw else o
-        _bias(ins[2] if len(ins) > 2 else None, out_c, what)
+        _bias(ins[2] if len(ins) > 2 else None, out_c, what, act)
         hw = window_hw((h, w), (kh, kw), pair(opt["stride"], f"{what} stride"), opt["padding"],
                        what)
-        return (n, *hw, out_c), "float32"
+        return (n, *hw, out_c), act
     if op == "FULLY_CONNECTED":
-        n, i = _need(x, f"{what} input", 2)
-        o, wi = _filter(ins[1], f"{what} weights", 2, int8_ok=True)
+        n, i = _need(x, f"{what} input", 2, act)
+        o, wi = _filter(ins[1], f"{what} weights", 2, int8_ok=True,
+                        axis=0 if act == "int8" else None)
         if wi != i:
             raise ConfigError(f"{what}: weights take {wi} inputs, the input has {i}")
-        _bias(ins[2] if len(ins) > 2 else None, o, what)
-        return (n, o), "float32"
+        _bias(ins[2] if len(ins) > 2 else None, o, what, act)
+        return (n, o), act
     if op in SCALAR_OPS and opt.get("scalar") is not None:
         return _need(x, f"{what} input"), "float32"
     if op in SHAPES:  # the ops beyond convs and linears (out_shape, below)
         return out_shape(op, [_need(t, f"{what} input") for t in ins], opt,
                                    what), "float32"
     if op == "ADD":
-        a, b = _need(x, f"{what} input"), _need(ins[1], f"{what} input")
+        a, b = _need(x, f"{what} input", dtype=act), _need(ins[1], f"{what} input", dtype=act)
         if a != b:  # no broadcasting: residual additions have equal shapes
             raise ConfigError(f"{what}: ADD needs equal shapes, got {list(a)} and {list(b)}")
-        return a, "float32"
+        return a, act
     if op == "CONCATENATION":
-        shapes = [_need(t, f"{what} input") for t in ins]
+        shapes = [_need(t, f"{what} input", dtype=act) for t in ins]
         rank = len(shapes[0])
         axis = opt["axis"] % rank if -rank <= opt["axis"] < rank else None
         if axis is None or any(len(s) != rank or s[:axis] + s[axis + 1:] !=
                                shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes):
             raise ConfigError(f"{what}: cannot concatenate {[list(s) for s in shapes]} on axis "
                               f"{opt['axis']}")
-        return (*shapes[0][:axis], sum(s[axis] for s in shapes), *shapes[0][axis + 1:]), "float32"
+        return (*shapes[0][:axis], sum(s[axis] for s in shapes), *shapes[0][axis + 1:]), act
     if op in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
-        n, h, w, c = _need(x, f"{what} input", 4)
+        n, h, w, c = _need(x, f"{what} input", 4, act)
         k = pair(opt["size"], f"{what} size")
         s = pair(opt["stride"] if opt["stride"] is not None else opt["size"], f"{what} stride")
-        return (n, *window_hw((h, w), k, s, opt["padding"], what), c), "float32"
+        return (n, *window_hw((h, w), k, s, opt["padding"], what), c), act
     if op == "MEAN":
-        shape = _need(x, f"{what} input")
+        shape = _need(x, f"{what} input", dtype=act)
         axes = {int(a) % len(shape) for a in opt["axes"] if -len(shape) <= int(a) < len(shape)}
         if len(axes) != len(list(opt["axes"])) or not axes:
             raise ConfigError(f"{what}: axes {opt['axes']} must be distinct dimensions of "
                               f"{list(shape)}")
         return tuple(1 if d in axes else s for d, s in enumerate(shape)
-                     if opt["keep_dims"] or d not in axes), "float32"
+                     if opt["keep_dims"] or d not in axes), act
     if op == "RESHAPE":
-        return _reshape(_need(x, f"{what} input"), opt["shape"], what), "float32"
+        return _reshape(_need(x, f"{what} input", dtype=act), opt["shape"], what), act
     if op == "PAD":
-        shape = _need(x, f"{what} input")
+        shape = _need(x, f"{what} input", dtype=act)
         p = np.asarray(opt["paddings"] if opt["paddings"] is not None else [], dtype=np.int64)
         if p.shape != (len(shape), 2) or (p < 0).any():
             raise ConfigError(f"{what}: paddings must be {len(shape)} non-negative "
                               f"[before, after] pairs, got {opt['paddings']}")
-        return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), "float32"
+        return tuple(d + int(a) + int(b) for d, (a, b) in zip(shape, p)), act
     if op == "CAST":
         if x is None or x.dtype != "uint8" or x.weight is not None:
             raise ConfigError(f"{what}: the input must be a uint8 tensor that is not a constant")
         return tuple(x.shape), "float32"
-    if op == "DEQUANTIZE":
+    if op == "DEQUANTIZE":  # an int8 constant (a filter), or an integer graph's output
         if x is None or x.dtype != "int8" or x.quant is None:
-            raise ConfigError(f"{what}: the input must be a quantized int8 constant")
+            raise ConfigError(f"{what}: the input must be a quantized int8 tensor")
         return tuple(x.shape), "float32"
-    return _need(x, f"{what} input"), "float32"  # RELU, RELU6, SOFTMAX, LOGISTIC, HARD_SWISH
+    if op == "QUANTIZE":
+        if x is None or x.dtype != "float32" or x.weight is not None:
+            raise ConfigError(f"{what}: the input must be a float32 tensor that is not a "
+                              "constant")
+        return tuple(x.shape), "int8"
+    # RELU, RELU6, SOFTMAX, LOGISTIC, HARD_SWISH
+    return _need(x, f"{what} input", dtype=act), act
 
 
 def _reshape(old: tuple[int, ...], option: Iterable[SupportsInt], what: str) -> tuple[int, ...]:

@@ -85,6 +85,7 @@ _OPTION_FIELDS = {
     "RESIZE_NEAREST_NEIGHBOR": ("ResizeNearestNeighborOptions", {0, 1}),
     "RESIZE_BILINEAR": ("ResizeBilinearOptions", {2, 3}),
     "DEQUANTIZE": ("DequantizeOptions", set()),
+    "QUANTIZE": ("QuantizeOptions", set()),
     "SOFTMAX": ("SoftmaxOptions", {0}),
 }
 
@@ -243,7 +244,8 @@ def _read(flat: Flat) -> tuple[Graph, Weights]:
             used_buffers.add(bi)
             weights[name] = _constant(buffers[bi], shape, dtype, name, flat)
             weight = name
-        quant = _quant(t.sub(4, "QuantizationParameters"), shape, name, flat)
+        quant = _quant(t.sub(4, "QuantizationParameters"), shape, name, flat,
+                       constant=weight is not None)
         sig = t.array(7, "<i4", _MAX_RANK)
         tensors.append((Tensor(name, shape, dtype, weight, quant),
                         None if sig is None else tuple(int(d) for d in sig)))
@@ -308,23 +310,33 @@ def _read(flat: Flat) -> tuple[Graph, Weights]:
     return graph, weights
 
 
-def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat
-           ) -> Quantization | None:
+def _quant(q: Table | None, shape: tuple[int, ...], name: str, flat: Flat,
+           constant: bool = True) -> Quantization | None:
+    """A constant's quantization is symmetric per channel; an activation's (an integer
+    graph's) has one scale and one zero point in [-128, 127] (checked in full by the graph's
+    validation)."""
     if q is None:
         return None
     scale, zero = q.array(2, "<f4", 1 << 16), q.array(3, "<i8", 1 << 16)
     axis = q.scalar(6, "<i", 0)
     if scale is None and zero is None:
         return None  # an empty table: no quantization
-    if scale is None or zero is None or len(scale) != len(zero) or (zero != 0).any():
+    if scale is None or zero is None or len(scale) != len(zero):
+        raise flat.bad(f"tensor {name!r}: quantization needs one scale and one zero point per "
+                       "channel")
+    if constant and (zero != 0).any():
         raise flat.bad(f"tensor {name!r}: quantization must be symmetric (one scale and a zero "
                        "point of 0 per channel)")
+    if not constant and (len(scale) != 1 or not -128 <= int(zero[0]) <= 127):
+        raise flat.bad(f"tensor {name!r}: an activation's quantization is one scale and one "
+                       "zero point in [-128, 127]")
     if not (np.isfinite(scale).all() and (scale > 0).all()):
         raise flat.bad(f"tensor {name!r}: quantization scales must be finite and > 0")
     if not 0 <= axis < len(shape):
         raise flat.bad(f"tensor {name!r}: quantized dimension {axis} of a rank-{len(shape)} "
                        "tensor")
-    return Quantization(tuple(float(s) for s in scale), int(axis))
+    zeros = () if constant or int(zero[0]) == 0 else (int(zero[0]),)
+    return Quantization(tuple(float(s) for s in scale), int(axis), zeros)
 
 
 def _batch_dim(tensors: list[TensorEntry], io: dict[str, list[str]], flat: Flat) -> int | None:

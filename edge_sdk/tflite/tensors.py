@@ -18,11 +18,18 @@ QUANT_AXIS = {"conv": 0, "depthwise": 3, "linear": 0}
 
 @dataclass(frozen=True)
 class Quantization:
-    """Symmetric per-channel int8: ``real = q * scale[c]`` along ``axis`` (TFLite schema
-    ``QuantizationParameters``: scale, zero_point all 0, quantized_dimension)."""
+    """``real = scale[c] * (q - zero_point[c])`` along ``axis`` (TFLite schema
+    ``QuantizationParameters``: scale, zero_point, quantized_dimension). Constants are
+    symmetric per channel (zero points 0: ``zero_point`` left empty); an integer graph's int8
+    activations have one scale and one zero point (:mod:`edge_sdk.tflite.integer`)."""
 
     scale: tuple[float, ...]
     axis: int = 0
+    zero_point: tuple[int, ...] = ()  # empty: every zero point is 0
+
+    @property
+    def zero_points(self) -> tuple[int, ...]:
+        return self.zero_point or (0,) * len(self.scale)
 
 
 @dataclass

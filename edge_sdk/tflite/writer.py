@@ -130,8 +130,15 @@ _OPTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[_Field]]]] = {
         ("Bool", 2, bool(o.get("align_corners", False)), False),
         ("Bool", 3, bool(o.get("half_pixel_centers", False)), False)]),
     "DEQUANTIZE": ("DequantizeOptions", lambda o: []),
+    "QUANTIZE": ("QuantizeOptions", lambda o: []),
     "SOFTMAX": ("SoftmaxOptions", lambda o: [("Float32", 0, float(o.get("beta", 1.0)), 0.0)]),
 }
+
+
+# the versions TFLite's op_version.cc gives ops on int8 activations
+_INT8_VERSIONS = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 4, "ADD": 2,
+                  "CONCATENATION": 2, "MAX_POOL_2D": 2, "AVERAGE_POOL_2D": 2, "MEAN": 2,
+                  "PAD": 2, "RELU": 2, "RELU6": 2, "RESHAPE": 1}
 
 
 def _version(op: str, ins: list[_T | None]) -> int:
@@ -140,6 +147,9 @@ def _version(op: str, ins: list[_T | None]) -> int:
     route's int8 filters: CONV_2D 2 / 5, FULLY_CONNECTED 3 / 12 (tflite-runtime 2.14 computes
     per-channel hybrid FULLY_CONNECTED wrongly below version 12)."""
     x, w = (ins + [None, None])[:2]
+    if x is not None and x.dtype == "int8" and x.data is None and op != "DEQUANTIZE":
+        # an integer graph's int8 kernels (TFLite's op_version.cc: int8 inputs and outputs)
+        return _INT8_VERSIONS.get(op, 1)
     # (Graph.validate: an int8 input of these ops is a quantized constant)
     if op == "DEQUANTIZE" and x is not None and x.dtype == "int8" and x.quant is not None:
         return 5 if len(x.quant.scale) > 1 else 2
@@ -246,7 +256,7 @@ def write_tflite(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]) -> bytes
         quant = None
         if t.quant is not None:
             scale = b.CreateNumpyVector(np.asarray(t.quant.scale, np.float32))
-            zero = b.CreateNumpyVector(np.zeros(len(t.quant.scale), np.int64))  # (gotcha) int64
+            zero = b.CreateNumpyVector(np.asarray(t.quant.zero_points, np.int64))  # (gotcha) int64
             b.StartObject(7)
             b.PrependUOffsetTRelativeSlot(2, scale, 0)
             b.PrependUOffsetTRelativeSlot(3, zero, 0)

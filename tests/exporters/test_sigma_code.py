@@ -8,7 +8,7 @@ from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.store import Store, decode_store, encode_store, normal, stream_id
 from edge_sdk.store.decode import decode_point, sample_weights, sigma_reference
 from edge_sdk.store.packing import pack_bits
-from edge_sdk.store.quant import along, quantize_per_channel
+from edge_sdk.tflite.quant import along, quantize_per_channel
 from exporters.sigma_code import REL_TOL, code_sigma, encode_sigma, lloyd_log, relative_code
 
 RNG = np.random.default_rng(0)

@@ -171,7 +171,7 @@ def test_a_layer_with_one_alpha_stores_its_sigma_relative_in_zero_bits(checkpoin
     sigma_coding relative, 0 bits: no index bytes), and the device's draws are mu_dec + that sigma x
     the sampler's eps; sigma_rel_tol=None writes the version-2 store (absolute, 4 bits)."""
     from edge_sdk.store import normal, stream_id
-    from edge_sdk.store.quant import quantize_per_channel
+    from edge_sdk.tflite.quant import quantize_per_channel
     from trainer.layers import _inverse_softplus
 
     calib, _, _ = data
