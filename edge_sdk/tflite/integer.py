@@ -33,7 +33,7 @@ from edge_sdk.tflite.quant import quantize_per_channel
 from edge_sdk.tflite.tensors import QUANT_AXIS, Op, Quantization, Tensor, Weights
 
 __all__ = ["ActQuant", "INTEGER_OPS", "SAME_QUANT", "activation_quant", "activation_tensors",
-           "integer_graph", "quant_params"]
+           "calibration_graph", "integer_graph", "quant_params"]
 
 # (scale, zero point) of one activation tensor
 ActQuant = tuple[float, int]
@@ -81,6 +81,18 @@ def activation_tensors(graph: Graph) -> list[str]:
                               "form here: export this network with float precision only")
         out.append(o.outputs[0])
     return out
+
+
+def calibration_graph(graph: Graph) -> Graph:
+    """``graph`` with every activation tensor an output, to read their values from an
+    interpreter. (Not ``experimental_preserve_all_tensors``: a kernel may compute in place, an
+    ADD into its input's buffer, so an intermediate read after the invoke can hold a later
+    tensor's values; an output never does.)"""
+    names = activation_tensors(graph)
+    return Graph(list(graph.tensors), list(graph.ops), list(graph.inputs),
+                 list(dict.fromkeys([*graph.outputs, *(n for n in names
+                                                        if n not in graph.inputs)])),
+                 graph.batch_dim, graph.signature, graph.description)
 
 
 def _groups(graph: Graph) -> dict[str, str]:

@@ -12,7 +12,7 @@ from edge_sdk.backends import interpreter_class
 from edge_sdk.errors import ConfigError
 from edge_sdk.tflite.build import GraphBuilder
 from edge_sdk.tflite.integer import (QMAX, QMIN, activation_quant, activation_tensors,
-                                     integer_graph, quant_params)
+                                     calibration_graph, integer_graph, quant_params)
 from edge_sdk.tflite.model_info import read_ops
 from edge_sdk.tflite.reader import read_graph
 from edge_sdk.tflite.schema import BUILTIN_CODES
@@ -62,16 +62,12 @@ def _float_graph(relu_last: bool = False):
     return g.graph(resizable_batch=True)
 
 
-def _ranges(buf: bytes, names: list[str], xs: np.ndarray) -> dict[str, tuple[float, float]]:
-    """Each tensor's min and max over ``xs`` (the float graph, every tensor kept)."""
-    it = Interpreter(model_content=buf, num_threads=1, experimental_preserve_all_tensors=True)
-    it.resize_tensor_input(0, list(xs.shape))
-    it.allocate_tensors()
-    index = {d["name"]: d["index"] for d in it.get_tensor_details()}
-    it.set_tensor(it.get_input_details()[0]["index"], xs)
-    it.invoke()
-    return {n: (float(it.get_tensor(index[n]).min()), float(it.get_tensor(index[n]).max()))
-            for n in names}
+def _ranges(graph, weights, xs: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Each activation tensor's min and max over ``xs`` (the float graph with every activation
+    an output: edge_sdk.tflite.integer.calibration_graph)."""
+    got = _run(write_tflite(calibration_graph(graph), weights), xs)
+    return {n: (float(got[n].min()), float(got[n].max())) if n in got else
+            (float(xs.min()), float(xs.max())) for n in activation_tensors(graph)}
 
 
 def _run(buf: bytes, xs: np.ndarray) -> dict[str, np.ndarray]:
@@ -88,7 +84,7 @@ def converted():
     graph, weights = _float_graph()
     fbuf = write_tflite(graph, weights)
     calib = normal(1, (256, 8, 8, 3)).astype(np.float32)
-    quant = activation_quant(graph, _ranges(fbuf, activation_tensors(graph), calib))
+    quant = activation_quant(graph, _ranges(graph, weights, calib))
     g8, w8 = integer_graph(graph, weights, quant)
     return graph, weights, fbuf, quant, g8, w8, write_tflite(g8, w8)
 
