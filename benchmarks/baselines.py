@@ -70,14 +70,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import baseline_models as BM  # noqa: E402
-from edge_sdk import metrics as M  # noqa: E402
+from edge_sdk.answers import metrics as M  # noqa: E402
 from exporters.calibrate import fit_temperature, predictive_probs  # noqa: E402
 import trainer.quantize.pwfn  # noqa: E402,F401  (imported up front: fail fast, not after hours)
 import trainer.quantize.sqs  # noqa: E402,F401
 from edge_sdk.bundle import SCOPES, read_manifest  # noqa: E402
 from exporters.export import ExportOptions, export_bundle, slice_logits  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
-from trainer.config import apply_overrides, load_config  # noqa: E402
+from trainer.config import config_to_dict, apply_overrides, load_config  # noqa: E402
 from trainer.quantize.run import quantize_model  # noqa: E402
 from trainer.train import train  # noqa: E402
 from trainer.data import load_data, load_ood, nhwc_inputs, _resolve_augment as resolve_augment, subset  # noqa: E402
@@ -306,6 +306,11 @@ def run_references(family: str, cfg, train_ds, sets: dict, labels: dict, calib: 
         det = build(1.0)
         det_s = BM.train_plain(det, cfg, train_ds, seed, E)
         det_logits = evaluate([det], sets)
+        if args.save_det:  # the plain network for benchmarks/precision.py's int8 baseline
+            out = Path(args.out) / f"det_{family or cfg.model.name}.pt"
+            torch.save({"state_dict": det.state_dict(), "arch": arch,
+                        "config": config_to_dict(cfg)}, out)
+            log(f"  {pre}det fp32 saved to {out}")
         rows += baseline_rows(pre + "det fp32", 1.0, det_logits, labels, BM.fp32_bytes(det),
                               BM.count_macs(det, x0), det_s)
         log(f"  {pre}det fp32: {det_s:.0f} s, test accuracy {rows[-1]['accuracy']:.4f}")
@@ -662,6 +667,8 @@ def main() -> None:
     p.add_argument("--combine", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="merge the rows of several runs' results.json (same datasets and "
                    "settings) into --out, recomputing the goals; trains nothing")
+    p.add_argument("--save-det", action="store_true",
+                   help="also save each family's det fp32 network (state dict) in --out")
     p.add_argument("--reuse-trained", action="store_true",
                    help="ours: quantize the network an earlier part of this run trained in "
                    "OUT/DATASET/trained (its recorded training time counts) instead of training")

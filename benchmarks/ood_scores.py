@@ -70,9 +70,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from baselines import DATASETS, DEFAULT_DATA, WIDTHS, _subset, ood_sets  # noqa: E402
-from edge_sdk import metrics as M  # noqa: E402
-from edge_sdk import conformal as CF  # noqa: E402
-from edge_sdk import ood as O  # noqa: E402
+from edge_sdk.answers import metrics as M  # noqa: E402
+from edge_sdk.answers import conformal as CF  # noqa: E402
+from edge_sdk.answers import ood as O  # noqa: E402
 from exporters.calibrate import fit_temperature  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
 from trainer.config import load_config  # noqa: E402

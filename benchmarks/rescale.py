@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from baselines import _subset  # noqa: E402
-from edge_sdk import metrics as M  # noqa: E402
+from edge_sdk.answers import metrics as M  # noqa: E402
 from exporters.calibrate import fit_temperature, predictive_probs  # noqa: E402
 from trainer import checkpoint as ckpt_io  # noqa: E402
 from trainer.config import config_from_dict  # noqa: E402

@@ -74,8 +74,11 @@ def _budget_for(model, c):
     calls 14 us over it), timing the decision's slow path rather than a call the policy
     would make."""
     pol = model.policy
+    order = pol.candidates  # what may answer: a precision variant not answering now, never
+    if c not in order:
+        return None
     own = pol.predicted_latency_ms(c)
-    better = [pol.predicted_latency_ms(o) for o in pol.ranked[:pol.ranked.index(c)]]
+    better = [pol.predicted_latency_ms(o) for o in order[:order.index(c)]]
     budget = min(3 * own, 0.9 * min(better, default=math.inf))
     return edge_sdk.Budget(latency_ms=budget) if budget >= 1.2 * own + 0.02 else None
 

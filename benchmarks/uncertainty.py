@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import edge_sdk  # noqa: E402
-from edge_sdk import metrics as M  # noqa: E402
+from edge_sdk.answers import metrics as M  # noqa: E402
 from exporters.export import bundle_bytes  # noqa: E402
 from exporters.report.data import load_eval_data  # noqa: E402
 

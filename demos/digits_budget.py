@@ -78,10 +78,11 @@ def latency_budgets(model, samples: dict[str, list[float]], met: float = 0.99
     import edge_sdk
 
     pol = model.policy
-    pred = {c.id: pol.predicted_latency_ms(c) for c in pol.ranked}
+    order = pol.candidates  # what may answer, each network once (its fastest precision)
+    pred = {c.id: pol.predicted_latency_ms(c) for c in order}
 
     def pick(b: float):
-        return next((c for c in pol.ranked if pred[c.id] <= b), None)
+        return next((c for c in order if pred[c.id] <= b), None)
 
     cands = sorted({f * _quantile(v, q) for v in samples.values() for q in (0.9, 0.97, 0.99)
                     for f in (1.0, 1.1, 1.25, 1.5)})
@@ -91,7 +92,7 @@ def latency_budgets(model, samples: dict[str, list[float]], met: float = 0.99
         if c is not None and np.mean(np.asarray(samples[c.id]) <= b) >= met:
             ok.append((b, c))
     best, _ = pol.choose(edge_sdk.Budget())
-    rank = {c.id: i for i, c in enumerate(pol.ranked)}
+    rank = {c.id: i for i, c in enumerate(order)}
     shared = ok[0] if ok else None
     saver = next((b for b, c in ok if shared is not None and rank[c.id] < rank[shared[1].id]
                   and rank[c.id] > rank[best.id]), None)

@@ -41,9 +41,11 @@ def read_manifest(bundle: Path) -> dict:
     # BUNDLE --out DIR` writes its files bundle); version 4 changes only the store layout's
     # manifest (keys the reader derives may be left out), so its `files` bundle reads as 3;
     # version 5 adds `uncertainty` (uncertainty.bin, read by read_uncertainty below);
-    # version 6 adds `input_stats` (the training split's raw statistics, input_suspect below)
-    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-6")
+    # version 6 adds `input_stats` (the training split's raw statistics, input_suspect below);
+    # version 7 adds integer configurations (`weights: int8`): their .tflite files take and
+    # give float32 like every other (QUANTIZE and DEQUANTIZE inside), so they run as is
+    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6, 7):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-7")
     if manifest.get("layout", "files") != "files":
         raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
                          f"write them with `edge-sdk materialize {bundle} --out DIR`")

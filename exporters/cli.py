@@ -54,10 +54,15 @@ def export_main(argv: list[str]) -> int:
                    help="store (default): one weight store, slices materialised on the device "
                         "(docs/store.md); files: one .tflite per slice, for apps outside Python")
     p.add_argument("--scope", default="point",
-                   help="comma-separated subset of point,head,all (default point: on the issue "
-                        "17 benchmarks posterior samples added <= 0.6 pt OOD AUROC at S x the cost)")
+                   help="comma-separated subset of point,head,all (default point: on the "
+                        "Fashion-MNIST and CIFAR-10 benchmarks posterior samples added <= 0.6 pt "
+                        "OOD AUROC at S x the cost, docs/results.md)")
     p.add_argument("--weights", choices=["dequantize", "hybrid", "float"], default="dequantize",
                    help="int8 weights via DEQUANTIZE (exact, default), as hybrid int8 ops, or float")
+    p.add_argument("--precisions", default="float,dynamic,int8",
+                   help="comma-separated subset of float,dynamic,int8 (float required): the point "
+                        "slice's kernels, each its own configuration the runtime picks among by "
+                        "measured latency (default: all three)")
     p.add_argument("--calib-data", default=None,
                    help="data source for BN re-collection (default: the training split)")
     p.add_argument("--eval-data", default=None,
@@ -93,6 +98,7 @@ def export_main(argv: list[str]) -> int:
                          sample_counts=args.sample_counts,
                          scopes=[s.strip() for s in args.scope.split(",") if s.strip()],
                          weights=args.weights, measure=not args.no_measure, force=args.force,
+                         precisions=[s.strip() for s in args.precisions.split(",") if s.strip()],
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
                          max_eval=args.max_eval, device=args.device, layout=args.layout,

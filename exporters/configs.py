@@ -23,6 +23,7 @@ from edge_sdk.tflite.writer import write_tflite
 from exporters.calibrate import (cascade_threshold, confidence_thresholds, fit_temperature,
                                  predictive_probs)
 from exporters.measure import latency_ms, memory_mb, run_tflite
+from exporters.precision import ROUTES, config_suffix, integer_slice
 from exporters.tflite import graph_stats
 
 __all__ = ["Configurations", "EvalSets", "quality", "slice_logits", "store_width"]
@@ -100,10 +101,11 @@ class Configurations:
 
     def add(self, cid: str, width: float, scope: str, samples: int, names: list[str],
             bufs: list[bytes], logits: tuple, info: dict, unique=None, entropy=None,
-            recipes: list[dict] | None = None) -> dict:
+            recipes: list[dict] | None = None, weights: str | None = None) -> dict:
         """One configuration from its files (``bufs``, named ``names``) and their logits
         ``(val, test, ood)`` [S, N, C]; ``info``: graph facts of its first file (macs, params);
-        ``recipes``: one per file (layout store)."""
+        ``recipes``: one per file (layout store); ``weights``: its route when not the
+        export's (a dynamic-range or integer precision)."""
         val_logits, test_logits, ood_logits = logits
         val_y, test_y = self.ev.val_y, self.ev.test_y
         # 7 significant digits (the search's own tolerance is ~1e-9 relative): everything
@@ -123,7 +125,8 @@ class Configurations:
             invokes=len(bufs),
             output={"kind": "logits", "shape": [samples if scope == "head" else 1,
                                                 self.classes]},
-            temperature=float(temperature), temperature_folded=False, weights=self.weights,
+            temperature=float(temperature), temperature_folded=False,
+            weights=weights or self.weights,
             macs=int(info["macs"]), params=int(info["params"]), unique_values=unique,
             weight_entropy_bits=entropy,
             thresholds=confidence_thresholds(val_probs, val_y, self.targets),
@@ -139,18 +142,21 @@ class Configurations:
 
     def finish(self, max_loss: float) -> list[dict]:
         """The records with their cascade plans: this configuration first, a wider one of the
-        same scope and the same S second (a plan never changes S mid-prediction)."""
+        same scope, the same S and the same precision second (a plan never changes S
+        mid-prediction)."""
         for c in self.records:
             c["cascade"] = {
                 o["id"]: cascade_threshold(self.val_probs[c["id"]], self.val_probs[o["id"]],
                                            self.ev.val_y, max_loss)
                 for o in self.records if o["scope"] == c["scope"] and
-                o["samples"] == c["samples"] and o["width"] > c["width"]}
+                o["samples"] == c["samples"] and o["weights"] == c["weights"]
+                and o["width"] > c["width"]}
         return self.records
 
 
 def store_width(out: Configurations, build, width: float, scopes: Sequence[str], s_max: int,
-                point_stats: tuple, counts: Sequence[int]) -> dict:
+                point_stats: tuple, counts: Sequence[int], precisions: Sequence[str] = (),
+                calib_x: np.ndarray | None = None, integer: dict | None = None) -> dict:
     """Add width ``width``'s configurations of a store bundle to ``out``: point; head S and
     all S for S in ``counts`` (``exporters.layouts.sample_counts``: sorted, ending at S_max;
     empty without samples). Every file is
@@ -158,10 +164,16 @@ def store_width(out: Configurations, build, width: float, scopes: Sequence[str],
     all-S is that of the first S samples' files; quality of head-S is the S_max head's first S rows: the stacked classifier is quantized per
     row, so head S's rows are bit for bit head S_max's first S (tests/exporters/test_store.py
     checks the logits), while each head-S file is materialised and measured (its sha256 and
-    latency are its own). Returns the weight notes per scope."""
+    latency are its own). ``precisions``: the point slice's other precisions (dynamic, int8:
+    exporters.precision), an integer one calibrated on ``calib_x`` and recorded in
+    ``integer`` by width key. Returns the weight notes per scope."""
     wk = width_key(width)
     graph = build.graphs[wk]
     notes: dict[str, dict] = {}
+    precisions = [p for p in precisions if p != "float"]
+    integer = {} if integer is None else integer
+    if "int8" in precisions and calib_x is None:
+        raise ValueError("an integer precision needs calibration inputs")
     counts = list(counts)
     if ("head" in scopes or "all" in scopes) and (not counts or counts[-1] != s_max):
         raise ValueError(f"sample counts {counts} must end at S_max = {s_max}")
@@ -180,9 +192,22 @@ def store_width(out: Configurations, build, width: float, scopes: Sequence[str],
 
     if "point" in scopes:
         buf, info = made("point")
+        recipe = [{"width": wk, "sample": None, "heads": 0}]
         out.add(f"w{wk}-point", width, "point", 1, [f"w{wk}-point.tflite"], [buf],
-                out.ev.logits([buf], "point"), info, *point_stats,
-                recipes=[{"width": wk, "sample": None, "heads": 0}])
+                out.ev.logits([buf], "point"), info, *point_stats, recipes=recipe)
+        for p in precisions:  # the same network on other kernels, materialised the same way
+            cid = f"w{wk}-point{config_suffix(p)}"
+            if p == "dynamic":
+                g, arrays, _ = materialize_graph(build.store, graph, wk, route="hybrid")
+                pbuf = write_tflite(g, arrays)
+            else:
+                g, arrays, _ = materialize_graph(build.store, graph, wk)
+                made_int = integer_slice(g, arrays, calib_x, out.ev.val_x, out.ev.val_y)
+                pbuf = made_int.data
+                integer[wk] = made_int
+            out.add(cid, width, "point", 1, [f"{cid}.tflite"], [pbuf],
+                    out.ev.logits([pbuf], "point"), graph_stats(pbuf), *point_stats,
+                    recipes=recipe, weights=ROUTES[p])
     if "head" in scopes:
         heads = {s: made("head", heads=s) for s in counts}
         full = out.ev.logits([heads[s_max][0]], "head")

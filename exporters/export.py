@@ -28,6 +28,7 @@ from edge_sdk.errors import ConfigError
 from exporters.configs import Configurations, EvalSets, quality, slice_logits  # noqa: F401
 from trainer.device import resolve_device
 from exporters.layouts import files_layout, store_layout, sample_counts
+from exporters.precision import check_precisions
 from exporters.slice import posterior_kind
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict, config_to_dict
@@ -54,6 +55,11 @@ class ExportOptions:
     # the cost; ("point", "head", "all") exports the sampled scopes for an app that wants them
     scopes: Sequence[str] = ("point",)
     weights: str = "dequantize"  # int8 per-channel + DEQUANTIZE, or "float"
+    # the point slice's precisions, each a configuration of its own that the runtime's policy
+    # picks by measured latency: float (the kernels of `weights`), dynamic (int8 weights,
+    # activations quantized per invoke) and int8 (int8 kernels, activations calibrated per
+    # width on the training split: exporters.precision); docs/export.md
+    precisions: Sequence[str] = ("float", "dynamic", "int8")
     # "store" (docs/store.md): one weight store, every slice materialised from it;
     # "files": one .tflite per configuration file, for apps outside Python
     layout: str = "store"
@@ -70,7 +76,7 @@ class ExportOptions:
     compress_store: bool = True
     targets: Sequence[float] = (0.9, 0.95, 0.99)  # accuracies the thresholds are fitted for
     # accuracy a two-stage cascade may give up against always running the wider configuration
-    # (validation); 0.2 pt keeps the test-set loss inside the 0.3 pt the runtime issue asks for
+    # (validation); 0.2 pt keeps the test-set loss inside the runtime's goal of at most 0.3 pt
     cascade_max_loss: float = 0.002
     measure: bool = True  # host latency and memory (tests switch it off)
     force: bool = False  # replace an existing bundle
@@ -169,6 +175,7 @@ def export_bundle(checkpoint: str | Path, out: str | Path, opts: ExportOptions |
                           f"{opts.layout!r}")
     if not isinstance(opts.sigma_bits, int) or not 1 <= opts.sigma_bits <= 8:
         raise ConfigError(f"sigma_bits must be an integer in [1, 8], got {opts.sigma_bits!r}")
+    opts.precisions = check_precisions(opts.precisions)  # (point configurations only)
     if not 0 <= opts.cascade_max_loss <= 1:
         raise ConfigError(f"cascade_max_loss must be an accuracy difference in [0, 1], got "
                           f"{opts.cascade_max_loss!r}")
@@ -270,8 +277,10 @@ def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
     from edge_sdk.answers.uncertainty import FILE_NAME
     from exporters.uncertainty import bank_rows, fit_uncertainty
 
+    # the bank and its threshold from each width's float point slice, shared by the width's
+    # other precisions (each scores its own features)
     points = {width_key(r["width"]): (r["id"], out_cfg.bufs[r["id"]][0])
-              for r in configs if r["scope"] == "point"}
+              for r in configs if r["scope"] == "point" and r["weights"] == opts.weights}
     if not points:
         log("uncertainty: no point scope exported, so no OOD score or conformal sets")
         return None, None, None

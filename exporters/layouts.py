@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from edge_sdk.answers import metrics as M
@@ -20,7 +21,8 @@ from edge_sdk.errors import ConfigError
 from exporters.configs import store_width
 from exporters.slice import (classifier_name, make_slice, posterior_samples, sliced_heads,
                              stack_heads)
-from exporters.tflite import export_point_slice
+from exporters.precision import ROUTES, config_suffix, integer_slice
+from exporters.tflite import export_point_slice, graph_stats, lower_point_slice
 from trainer.layers import BayesNestedLayer
 
 __all__ = ["files_layout", "sample_counts", "store_layout"]
@@ -72,9 +74,38 @@ def _bar(plan: list, progress: bool):
     return tqdm(plan, desc="export", disable=None if progress else True, file=sys.stderr)
 
 
+def calibration_inputs(calib: list, n: int = 1024) -> np.ndarray:
+    """The first ``n`` images of the BN re-collection batches as the NHWC float32 a slice
+    takes: what an integer slice's activation ranges are calibrated on (training split)."""
+    xs = torch.cat([b[0] for b in calib])[:n]
+    return np.ascontiguousarray(xs.permute(0, 2, 3, 1).numpy(), np.float32)
+
+
+def _other_precisions(point, w, shape, kind, opts, out_cfg, calib_x, files, unique, entropy
+                      ) -> None:
+    """Width ``w``'s point slice on dynamic-range and integer kernels (files layout)."""
+    for p in opts.precisions:
+        if p == "float":
+            continue
+        cid = f"w{w:.2f}-point{config_suffix(p)}"
+        if p == "dynamic":
+            buf, info = export_point_slice(point, shape, "hybrid", pow2_step=kind == "pwfn",
+                                           features=opts.uncertainty)
+        else:
+            g, arrays, _ = lower_point_slice(point, shape, opts.weights,
+                                             pow2_step=kind == "pwfn", features=opts.uncertainty)
+            buf = integer_slice(g, arrays, calib_x, out_cfg.ev.val_x, out_cfg.ev.val_y).data
+            info = graph_stats(buf)
+        name = f"{cid}.tflite"
+        out_cfg.add(cid, w, "point", 1, [name], [buf], out_cfg.ev.logits([buf], "point"), info,
+                    unique, entropy, weights=ROUTES[p])
+        files[name] = buf
+
+
 def files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device, sampled,
                  progress) -> tuple[dict, dict]:
     """One ``.tflite`` per file, S = ``opts.samples`` fixed (what version 2 wrote)."""
+    calib_x = calibration_inputs(calib) if "int8" in opts.precisions else None
     samples = posterior_samples(model, ckpt, opts.samples, opts.seed) if sampled else []
     classes = out_cfg.classes
     files, weight_notes = {}, {}
@@ -88,6 +119,8 @@ def files_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device,
             blobs = [export_point_slice(point, shape, opts.weights, pow2_step=kind == "pwfn",
                                         features=opts.uncertainty)]
             unique, entropy = _codebook_stats(point, kind)
+            _other_precisions(point, w, shape, kind, opts, out_cfg, calib_x, files, unique,
+                              entropy)
         elif scope == "head":
             # the point slice's backbone (PWFN: codebook-exact, as the store route's head
             # materialises it) and S sampled classifiers on the plain per-row int8 grid
@@ -133,15 +166,21 @@ def store_layout(model, ckpt, kind, widths, calib, shape, opts, out_cfg, device,
                         device=device, features=opts.uncertainty)
     weight_notes: dict = {}
     counts = sample_counts(s_max, opts.sample_counts) if s_max else ()
+    calib_x = calibration_inputs(calib) if "int8" in opts.precisions else None
+    integer: dict = {}
     bar = _bar(widths, progress)
     for w in bar:
         bar.set_postfix_str(f"width {w:g}")
         stats = _codebook_stats(model.truncate(w), kind) if "point" in opts.scopes else ()
-        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats, counts))
+        weight_notes.update(store_width(out_cfg, build, w, opts.scopes, s_max, stats, counts,
+                                        opts.precisions, calib_x, integer))
     bar.close()
     name = "store.bin"
     extra.update(store=B.file_entry(name, build.data, B.StoreEntry).to_dict(),
                  graphs=build.graphs)
+    if integer:  # what the device's materialiser makes each width's integer slice with
+        extra["activation_quant"] = {wk: {t: [q[0], q[1]] for t, q in made.quant.items()}
+                                     for wk, made in integer.items()}
     return {name: build.data}, _store_weight_notes(weight_notes, build.notes)
 
 

@@ -1,6 +1,7 @@
 """Point weights as the graph holds them: folded (batch norm and keep probability, see
-:mod:`exporters.fold`) and, on the int8 routes, symmetric per-channel int8 (exporter issue,
-"Writing TFLite"). numpy only, apart from reading the torch layers in :func:`prepare_weights`.
+:mod:`exporters.fold`) and, on the int8 routes, symmetric per-channel int8 (zero points 0, one
+float32 scale per output channel; docs/export.md). numpy only, apart from reading the torch
+layers in :func:`prepare_weights`.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The runtime's own graph of a slice (the SDK's microseconds): the input's
-normalisation before it and the answer's softmax after it.
+"""The runtime's own graph of a slice (it cuts the SDK's own time per call, docs/results.md):
+the input's normalisation before it and the answer's softmax after it.
 
 **The raw input.** Every interpreter the runtime builds takes the samples as the app hands them
 (the manifest's input dtype, raw values, checked by ``InputChecker.feed``), not normalised

@@ -48,9 +48,10 @@ Lazy = tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]
 
 def point_top(c: Configuration, logits: np.ndarray) -> tuple[int, float, Lazy]:
     """(label, confidence, how to make probs and entropy) of one point sample's ``[1, C]``
-    logits: what a call needs at once (the SDK's microseconds). The probabilities
-    and entropy follow when read (:func:`_point_fields`); :func:`probabilities` makes them at
-    once from the same values. Plain floats: several times cheaper than numpy on ten classes."""
+    logits: what a call needs at once, to keep the SDK's own time per call low
+    (docs/results.md). The probabilities and entropy follow when read (:func:`_point_fields`);
+    :func:`probabilities` makes them at once from the same values. Plain floats: several times
+    cheaper than numpy on ten classes."""
     inv_t = 1.0 / c.temperature
     row = logits[0].tolist()
     m = max(row)

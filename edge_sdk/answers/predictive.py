@@ -1,5 +1,5 @@
-"""From logits to probabilities, and the entropies of a posterior's samples (split out of
-metrics.py, which re-exports every public name here): the maths the exporters, the report and
+"""From logits to probabilities, and the entropies of a posterior's samples (metrics.py
+re-exports every public name here): the maths the exporters, the report and
 the benchmarks share with the runtime (whose ``predict`` computes the same average and
 entropies inlined on its hot path, edge_sdk/answers/maths.py).
 

@@ -44,8 +44,8 @@ __all__ = ["ALPHAS", "FILE_NAME", "INDEX_VERSION", "Uncertainty", "cascade_key",
 
 FILE_NAME = "uncertainty.bin"
 INDEX_VERSION = 1
-# the conformal grid: what an app may ask for without recalibrating (0.05, 0.1, 0.2 are the
-# issue's; finer steps near the usual choices, coarser beyond)
+# the conformal grid (docs/uncertainty.md): what an app may ask for without recalibrating
+# (the usual 0.05, 0.1 and 0.2; finer steps near them, coarser beyond)
 ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 BANK_SCALE = 127.0  # int8 codes of unit-vector components
 

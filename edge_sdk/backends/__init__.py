@@ -301,9 +301,10 @@ def _build_and_allocate(interp_cls: Any, data: bytes, name: str) -> None:
 
 def check_bundle(bundle_dir: str | os.PathLike[str], manifest: Manifest, backend: str,
                  blobs: Mapping[str, bytes] | None = None, interp_cls: Any = None,
-                 stand_ins: dict[str, str] | None = None) -> None:
-    """Refuse (BackendError) a bundle holding a configuration ``backend`` would answer wrongly,
-    naming the configurations and what to do instead. ``blobs`` (name -> verified bytes, from
+                 stand_ins: dict[str, str] | None = None) -> dict[str, str]:
+    """The configurations ``backend`` would answer wrongly (id -> why), which the runtime then
+    leaves out (a dynamic-range variant on tflite-runtime 2.14: its float and integer variants
+    answer); BackendError, naming them and what to do instead, when that leaves none. ``blobs`` (name -> verified bytes, from
     :func:`edge_sdk.bundle.read_slices`): inspect those instead of reading the files; with
     ``interp_cls`` too, every slice must also parse (:func:`check_parses`). ``stand_ins``
     (file name -> a name in ``blobs``): a store bundle checks one materialised slice per
@@ -315,24 +316,24 @@ def check_bundle(bundle_dir: str | os.PathLike[str], manifest: Manifest, backend
         known: dict[str, list[str]] = {}
         for name, data in blobs.items():
             known[name] = unrunnable_bytes(data, name, backend)
-            if known[name]:
-                break  # named below with the configurations standing on it
-            _build_and_allocate(interp_cls, data, name)
-        _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins, known)
-        return
-    _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins)
+            if not known[name]:  # a slice left out is not built
+                _build_and_allocate(interp_cls, data, name)
+        return _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins, known)
+    out = _check_known_wrong(bundle_dir, manifest, backend, blobs, stand_ins)
     if blobs is not None and interp_cls is not None:
         # after the known-wrong rules: their message says more than the op resolver's
-        check_parses(interp_cls, blobs)
+        left_out = {f.name for c in manifest.configurations if c.id in out for f in c.files}
+        check_parses(interp_cls, {n: b for n, b in blobs.items() if n not in left_out})
+    return out
 
 
 def _check_known_wrong(bundle_dir: str | os.PathLike[str], manifest: Manifest, backend: str,
                        blobs: Mapping[str, bytes] | None,
                        stand_ins: dict[str, str] | None = None,
-                       known: dict[str, list[str]] | None = None) -> None:
+                       known: dict[str, list[str]] | None = None) -> dict[str, str]:
     """``known``: reasons already found per checked name (a name missing from it: none)."""
     if not any(b == backend for b, _, _ in KNOWN_WRONG):
-        return
+        return {}
     from edge_sdk.bundle.files import resolve_file
 
     def reasons_for(name: str) -> list[str]:
@@ -353,10 +354,12 @@ def _check_known_wrong(bundle_dir: str | os.PathLike[str], manifest: Manifest, b
                 bad.setdefault(why, [])
                 if c.id not in bad[why]:
                     bad[why].append(c.id)
-    if bad:
+    out = {cid: why for why, ids in bad.items() for cid in ids}
+    if bad and len(out) == len(manifest.configurations):
         why, ids = next(iter(bad.items()))
         others = [b for b in BACKENDS if b != backend]
         raise BackendError(
             f"{bundle_dir}: backend {backend} cannot run configuration(s) {', '.join(ids)} "
             f"correctly: {why}; load it with backend={others[0]!r} ({ENV_VAR}={others[0]}) or "
             f"re-export with --weights dequantize")
+    return out

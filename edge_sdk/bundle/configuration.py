@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_sdk.bundle.records import (
+    PRECISION,
     SCOPES,
     WEIGHT_ROUTES,
     FileEntry,
@@ -18,6 +19,7 @@ from edge_sdk.bundle.records import (
     _Record,
     _record,
 )
+from edge_sdk.errors import BundleError
 from edge_sdk.validation import (
     bool_value,
     choice,
@@ -116,6 +118,18 @@ class Configuration(_Record):
     # schema version 3, layout store: how each file is materialised from the weight store, one
     # recipe per file in file order (docs/store.md §5); None in a files-layout bundle
     materialize: tuple[Recipe, ...] | None = None
+
+    @property
+    def precision(self) -> str:
+        """What the slice computes in: ``float`` (float32 kernels), ``dynamic`` (int8 weights,
+        activations quantized per invoke) or ``int8`` (int8 kernels end to end)."""
+        return PRECISION[self.weights]
+
+    @property
+    def variant_of(self) -> tuple[float, str, int]:
+        """(width, scope, samples): the network this configuration computes, whatever its
+        precision; configurations that share it differ in their kernels only."""
+        return (self.width, self.scope, self.samples)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data in schema key order; ``materialize`` only when set (store layout)."""
@@ -220,3 +234,22 @@ def _recipes(value: object, path: str, scope: str, samples: int, count: int
                                             f"{path}[{seen[r.sample]}]): S distinct samples")
             seen[r.sample] = i
     return recipes
+
+
+def named_configuration(item: object, path: str, names: list[str] | None,
+                         slices_path: str = "slices") -> Configuration:
+    """Parse one configuration; a recipe error of a file listed by name is reported at the
+    slices table entry it came from (the recipe is not in the configuration)."""
+    if names is None:
+        return _record(Configuration, item, path)
+    try:
+        return _record(Configuration, item, path)
+    except BundleError as exc:
+        msg = str(exc)
+        for j, name in enumerate(names):
+            where = f"{path}.materialize[{j}]"
+            if msg.startswith(where + ".") or msg.startswith(where + ":"):
+                rest = msg[len(where):].lstrip(".")
+                raise BundleError(f"{key_path(slices_path, name)}.{rest} (listed by {path}."
+                                  f"files[{j}])") from None
+        raise

@@ -1,6 +1,6 @@
-"""What ``predict`` accepts: :class:`InputSpec`, the project's one input spec (split out of
-records.py): the training split defines it, the checkpoint carries it, quantize and export
-cross-check reloaded data against it, and the manifest's ``input`` is it.
+"""What ``predict`` accepts: :class:`InputSpec`, the project's one input spec: the training
+split defines it, the checkpoint carries it, quantize and export cross-check reloaded data
+against it, and the manifest's ``input`` is it.
 
 stdlib + pyyaml only (numpy only inside :meth:`InputSpec.normalize`).
 """

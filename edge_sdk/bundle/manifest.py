@@ -13,7 +13,8 @@ from typing import Any
 from edge_sdk.bundle.compact import (_CASCADE_MAX_LOSS, _COMPACT_DEFAULTS, _NAMED_DEFAULTS,
                                      _compact_graphs, _compact_test, _derived, _graphs,
                                      _resolve_names, _slices)
-from edge_sdk.bundle.configuration import Configuration
+from edge_sdk.bundle.activation_quant import parse_activation_quant
+from edge_sdk.bundle.configuration import Configuration, named_configuration
 from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import (
     BUNDLE_LAYOUTS,
@@ -91,6 +92,10 @@ class Manifest(_Record):
     # (schema version 6) the training split's per-channel raw statistics
     # (edge_sdk.bundle.stats); None: no ``input_suspect`` (answers carry None)
     input_stats: InputStats | None = None
+    # (schema version 7, layout store) width key -> activation tensor -> [scale, zero point]:
+    # what the device's materialiser makes a width's integer (weights int8) slices with
+    # (edge_sdk.tflite.integer); a files bundle's integer slices carry theirs inside
+    activation_quant: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
 
     @property
     def is_store(self) -> bool:
@@ -119,6 +124,11 @@ class Manifest(_Record):
             del out["uncertainty"]
         if self.schema_version < 6 or self.input_stats is None:
             del out["input_stats"]
+        if self.schema_version < 7 or not self.activation_quant:
+            del out["activation_quant"]
+        else:
+            out["activation_quant"] = {wk: {t: [float(q[0]), int(q[1])] for t, q in per.items()}
+                                       for wk, per in self.activation_quant.items()}
         if self.schema_version < 2:
             del out["batch_dim"]
         if self.schema_version < 3:
@@ -291,12 +301,14 @@ class Manifest(_Record):
                 fail(join(p, "channels"), f"expected {out['input'].channels} (the input's "
                                           f"channels), got {stats.channels}")
         out["input_stats"] = stats
+        out["activation_quant"] = parse_activation_quant(v["activation_quant"],
+                                                    join(path, "activation_quant"), version)
         given = _slices(v["slices"], join(path, "slices"), graphs) if layout == "store" else {}
 
         p = join(path, "configurations")
         items, named = _resolve_names(list_value(v["configurations"], p, nonempty=True), p,
                                       layout, given, len(labels))
-        configs = tuple(_named_configuration(item, f"{p}[{i}]", named.get(i),
+        configs = tuple(named_configuration(item, f"{p}[{i}]", named.get(i),
                                              join(path, "slices"))
                         for i, item in enumerate(items))
         ids: dict[str, int] = {}
@@ -337,6 +349,9 @@ class Manifest(_Record):
                 files[entry.name] = (entry, fp)
                 folded[lower] = entry.name
         for i, config in enumerate(configs):
+            if config.weights == "int8" and version < 7:
+                fail(f"{p}[{i}].weights", f"'int8' needs schema version 7 (a version-{version} "
+                                          "bundle has float and dynamic-range slices only)")
             cp = f"{p}[{i}].materialize"
             if layout == "store" and config.materialize is None:
                 fail(cp, "missing: layout 'store' needs one recipe per file")
@@ -346,6 +361,9 @@ class Manifest(_Record):
                 if r.width not in graphs:
                     fail(f"{cp}[{j}].width", f"no graph for width {r.width!r} (graphs has "
                                              f"{', '.join(graphs) or 'none'})")
+                if config.weights == "int8" and r.width not in out["activation_quant"]:
+                    fail(f"{cp}[{j}].width", f"an integer slice of width {r.width!r} needs "
+                         f"activation_quant[{r.width!r}] (the int8 activations' scales)")
         slices: dict[str, Slice] = {}
         if layout == "store":  # one virtual file name, one recipe
             recipe_of: dict[str, tuple[Recipe, str]] = {}
@@ -375,22 +393,3 @@ class Manifest(_Record):
                           f"of the same scope ({config.scope!r}, width > {config.width:g})")
         out["configurations"] = configs
         return out
-
-
-def _named_configuration(item: object, path: str, names: list[str] | None,
-                         slices_path: str = "slices") -> Configuration:
-    """Parse one configuration; a recipe error of a file listed by name is reported at the
-    slices table entry it came from (the recipe is not in the configuration)."""
-    if names is None:
-        return _record(Configuration, item, path)
-    try:
-        return _record(Configuration, item, path)
-    except BundleError as exc:
-        msg = str(exc)
-        for j, name in enumerate(names):
-            where = f"{path}.materialize[{j}]"
-            if msg.startswith(where + ".") or msg.startswith(where + ":"):
-                rest = msg[len(where):].lstrip(".")
-                raise BundleError(f"{key_path(slices_path, name)}.{rest} (listed by {path}."
-                                  f"files[{j}])") from None
-        raise

@@ -27,7 +27,7 @@ from edge_sdk.validation import (
     str_value,
 )
 
-SCHEMA_VERSION = 6  # what the exporter writes
+SCHEMA_VERSION = 7  # what the exporter writes
 # what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded,
 # 3 = bundle layouts (files | store: one weight store, slices materialised; docs/store.md),
 # 4 = version 3 whose store configurations and graphs may leave out what the reader derives
@@ -36,8 +36,10 @@ SCHEMA_VERSION = 6  # what the exporter writes
 # out-of-distribution statistics and conformal quantiles; slices with a second output, the
 # features it reads); an older bundle loads without them (ood_score None, no set), 6 = version
 # 5 plus ``input_stats`` (the training split's per-channel raw statistics; an older
-# bundle answers input_suspect None)
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+# bundle answers input_suspect None), 7 = version 6 plus integer configurations (weights
+# ``int8``: int8 kernels end to end) and, layout store, ``activation_quant``: the int8
+# activations' scale and zero point per width, which the device's materialiser reads
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 MANIFEST_NAME = "manifest.yaml"
 SIGNATURE_NAME = MANIFEST_NAME + ".sig"  # a signed bundle's Ed25519 signature (docs/signing.md)
 FILE_SUFFIX = ".tflite"
@@ -47,7 +49,12 @@ BUNDLE_LAYOUTS = ("files", "store")  # schema version 3's `layout` (older versio
 LAYOUTS = ("NHWC",)
 INPUT_DTYPES = ("float32", "uint8")
 SCOPES = ("point", "head", "all")
-WEIGHT_ROUTES = ("dequantize", "hybrid", "float")
+# how a slice computes: dequantize (int8 weights expanded once) and float run float32 kernels,
+# hybrid int8 weights with dynamically quantized activations, int8 (schema version 7) int8
+# kernels with activations calibrated per width (edge_sdk.tflite.integer)
+WEIGHT_ROUTES = ("dequantize", "hybrid", "float", "int8")
+#: route -> the precision it computes in (what the policy and the tables show)
+PRECISION = {"dequantize": "float", "float": "float", "hybrid": "dynamic", "int8": "int8"}
 OUTPUT_KINDS = ("logits",)
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")

@@ -41,6 +41,10 @@ class Estimates:
     _prior_e2e: dict[str, float]
     _floor: dict[str, float]
     _candidates: tuple[float | None, float, list[Configuration]] | None
+    _group: dict[str, tuple[Configuration, ...]]
+
+    if TYPE_CHECKING:
+        def _recheck(self, config_id: str) -> None: ...
 
     def prior_latency_ms(self, c: Configuration) -> float:
         """The interpreter time believed before this device has measured ``c``."""
@@ -153,3 +157,5 @@ class Estimates:
         if n == 1 and new < self._floor.get(config_id, new):
             self._floor[config_id] = new  # (a floor left lower than it could be is still one)
             self._candidates = None
+        if n == 1 and config_id in self._group:  # a precision variant: still the fastest?
+            self._recheck(config_id)

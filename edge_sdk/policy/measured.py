@@ -128,15 +128,20 @@ def measure_profile(bundle_dir: str | os.PathLike[str], threads: list[int] | Non
     cls, backend = interpreter_class(backend)  # as load(): argument, EDGE_SDK_BACKEND, auto
     slices = open_slices(bundle_dir, manifest, memory_cap_mb=0)  # verified bytes only
     checked, stand_ins = slices.load_check()
-    check_bundle(bundle_dir, manifest, backend, checked, None, stand_ins)
+    left_out = check_bundle(bundle_dir, manifest, backend, checked, None, stand_ins)
     del checked
+    configs = [c for c in manifest.configurations if c.id not in left_out]  # runnable here
+    wanted = {f.name for c in configs for f in c.files}
     spec = manifest.input
     x = np.random.default_rng(0).standard_normal(spec.shape).astype(np.float32)
-    routes = {"dequantize": "fp32", "float": "fp32", "hybrid": "int8"}
+    # a profile's routes: float32 kernels, or int8 ones (dynamic-range and integer slices)
+    routes = {"dequantize": "fp32", "float": "fp32", "hybrid": "int8", "int8": "int8"}
     throughput: dict[str, dict[int, Throughput]] = {}
     latency: dict[int, dict[str, float]] = {}
     per_file: dict[int, dict[str, float]] = {t: {} for t in threads}
     for file_name in slices.names():  # each slice once (a store bundle: materialised once)
+        if file_name not in wanted:
+            continue
         data = slices[file_name]
         for t in threads:
             it = cls(model_content=data, num_threads=t, model_name=file_name)
@@ -152,11 +157,9 @@ def measure_profile(bundle_dir: str | os.PathLike[str], threads: list[int] | Non
             per_file[t][file_name] = statistics.median(times) * 1e3
             del it
     for t in threads:
-        latency[t] = {c.id: sum(per_file[t][f.name] for f in c.files)
-                      for c in manifest.configurations}
+        latency[t] = {c.id: sum(per_file[t][f.name] for f in c.files) for c in configs}
         for route in ("fp32", "int8"):
-            single = [c for c in manifest.configurations
-                      if routes[c.weights] == route and c.invokes == 1]
+            single = [c for c in configs if routes[c.weights] == route and c.invokes == 1]
             if single:
                 throughput.setdefault(route, {})[t] = fit_throughput(
                     [c.macs for c in single], [latency[t][c.id] for c in single])
@@ -172,5 +175,5 @@ def measure_profile(bundle_dir: str | os.PathLike[str], threads: list[int] | Non
     rows = [{"threads": t, "config": c.id, "macs": c.macs, "invokes": c.invokes,
              "measured_ms": latency[t][c.id],
              "fitted_ms": profile.estimate_ms(c.macs, c.invokes, t, c.weights)}
-            for t in threads for c in manifest.configurations]
+            for t in threads for c in configs]
     return profile, rows

@@ -36,6 +36,7 @@ import numpy as np
 from edge_sdk.errors import BudgetError, BudgetNotMetError, ConfigError
 from edge_sdk.policy.estimates import Estimates
 from edge_sdk.policy.plan import MODES, Plan, Planner, Stage
+from edge_sdk.policy.variants import PRECISION_TOLERANCE, Variants
 from edge_sdk.validation import show
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
     return int(v) if integer and isinstance(v, numbers.Integral) else float(v)
 
 
-class Policy(Estimates, Planner):
+class Policy(Estimates, Planner, Variants):
     """Selects configurations, plans the stages of a call and learns latency on this device
     (what it believes a configuration costs: :class:`edge_sdk.policy.estimates.Estimates`).
 
@@ -73,8 +74,11 @@ class Policy(Estimates, Planner):
                  outlier: float = 2.0, clock: Callable[[], float] = time.monotonic, *,
                  overhead_ms: Mapping[str, float] | None = None,
                  prior_source: str = "device profile", memory_cap_mb: float | None = None,
-                 mode: str = "best", target: str = "0.95"):
+                 mode: str = "best", target: str = "0.95",
+                 precision_tolerance: float = PRECISION_TOLERANCE):
         self.memory = memory
+        # variants of one network within this validation NLL answer alike (.variants)
+        self.precision_tolerance = _number("precision_tolerance", precision_tolerance, 0, 1e9)
         # ageing in seconds covers an idle app; in decisions, a fast one (0.1 ms calls would
         # otherwise shun a configuration for 10 s after a burst). Retrying a configuration that
         # really is slow costs one late call per >= 1 half-life: <= 0.5 % of calls at 200.
@@ -119,12 +123,13 @@ class Policy(Estimates, Planner):
             raise BudgetError("a bundle with no configurations cannot serve predictions")
         self._configs = list(configs)
         self._by_id = {c.id: c for c in self._configs}
-        # the rule's order, computed once: the first configuration that fits is the choice
-        self._ranked = sorted(self._configs, key=self.preference)
         self._need = {c.id: self.memory_need_mb(c) for c in self._configs}
         # static per configuration: the prior plus the SDK overhead, looked up on every call
         self._prior_e2e = {c.id: self.prior_latency_ms(c) + self.overhead_ms(c)
                            for c in self._configs}
+        # the rule's order, computed once: the first configuration that fits is the choice;
+        # precision variants of one network stand as one, the fastest of them (.variants)
+        self._group_variants()
         # a lower bound of each one-sample prediction, whatever its age: _predicted blends
         # the measurement towards the prior, so it lies between the two, and observe()
         # lowers the bound to every smaller measurement. call_stages passes over a
@@ -141,8 +146,10 @@ class Policy(Estimates, Planner):
 
     @property
     def ranked(self) -> list[Configuration]:
-        """The configurations in the rule's order of preference (quality rank 1 first)."""
-        return list(self._ranked)
+        """Every configuration in the rule's order of preference (quality rank 1 first), a
+        network's other precision variants right after the one that answers for it."""
+        return [v for c in self._ranked for v in (c, *(o for o in self.variants(c)
+                                                        if o is not c))]
 
     # ---- the rule --------------------------------------------------------------------------
     def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:

@@ -77,9 +77,11 @@ class DeviceProfile:
         ``None`` = all cores; below the smallest listed count, the smallest)."""
         want = self.cores if threads is None else threads
         int8 = self.throughput.get("int8", {})
-        # hybrid slices use int8 figures only where one exists at or below this thread count:
+        # dynamic-range and integer slices use int8 figures only where one exists at or below
+        # this thread count:
         # a published all-cores int8 figure says nothing about one thread
-        route = "int8" if weights == "hybrid" and any(t <= want for t in int8) else "fp32"
+        route = "int8" if weights in ("hybrid", "int8") and any(t <= want for t in int8) \
+            else "fp32"
         table = self.throughput[route]
         usable = [t for t in table if t <= want]
         return table[max(usable) if usable else min(table)]

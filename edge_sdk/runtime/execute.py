@@ -10,6 +10,8 @@ never pushes a configuration out of its budget.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import statistics
 import threading
 import time
@@ -19,7 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.answers.graph import ANSWER
-from edge_sdk.errors import BundleError
+from edge_sdk.bundle.records import width_key
+from edge_sdk.backends import BackendError
+from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.answers.maths import (
     Lazy,
     _non_finite,
@@ -36,12 +40,12 @@ from edge_sdk.answers.prediction import (
     lean_answer,
 )
 from edge_sdk.answers.uncertainty import cascade_key
+from edge_sdk.policy.plan import Stage
 
 if TYPE_CHECKING:
     from edge_sdk.policy.budget import Budget
     from edge_sdk.runtime.residency import Interp, PerThread
     from edge_sdk.bundle.configuration import Configuration
-    from edge_sdk.policy.plan import Stage
     from edge_sdk.inputs.checks import InputChecker
     from edge_sdk.inputs.stats import SuspectCheck
     from edge_sdk.bundle.manifest import Manifest
@@ -73,6 +77,11 @@ class Executor:
     _inputs: InputChecker
     _suspect: SuspectCheck | None
     _answerable: dict[str, Configuration]
+    _configs: dict[str, Configuration]
+    _pinned_plans: dict[str, tuple[Stage]]
+    left_out: dict[str, str]
+    backend: str
+    strict: bool
 
     if TYPE_CHECKING:
         def _resident(self, c: Configuration, n: int = 1) -> tuple[list[Interp], float]: ...
@@ -161,6 +170,46 @@ class Executor:
         with self._lock:
             for c, t in times:
                 self.policy.observe(c.id, t + fixed, n)
+
+    def _config(self, config_id: object) -> Configuration:
+        if not isinstance(config_id, str):
+            raise ConfigError(f"config_id must be a configuration id (a string: "
+                              f"{', '.join(self._configs)}), got {type(config_id).__name__}")
+        if config_id in self.left_out:
+            raise BackendError(f"{config_id}: backend {self.backend} would answer it wrongly "
+                               f"({self.left_out[config_id]}); the others answer")
+        return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
+
+    def _pinned(self, config_id: str, budget: Budget, n: int) -> Stage:
+        plan = self._pinned_plans.get(config_id) if type(config_id) is str else None
+        if plan is None:
+            plan = self._pinned_plans[config_id] = (Stage(self._config(config_id), None, 0.0),)
+        stage = plan[0]
+        if self.strict:
+            with self._lock:
+                self.policy.check_pinned(stage.config, budget, n)
+        return stage
+
+    def _width_config(self, width: object, config_id: object) -> str:
+        """The id of the point configuration that answers for ``width`` now: its precision
+        variant predicted fastest (edge_sdk.policy.variants). ConfigError for a width the
+        bundle has no point configuration of, or with ``config_id`` given too."""
+        if config_id is not None:
+            raise ConfigError("pass config_id or width, not both (config_id pins one "
+                              "configuration, width pins a width and leaves its precision)")
+        w = float(width) if isinstance(width, numbers.Real) and not isinstance(width, bool) \
+            else math.nan
+        if not 0 < w <= 1:
+            raise ConfigError(f"width must be a number in (0, 1], got {width!r}")
+        key = width_key(w)
+        point = [c for c in self.policy.configs
+                 if c.scope == "point" and width_key(c.width) == key]
+        if not point:
+            have = sorted({width_key(c.width) for c in self.policy.configs
+                           if c.scope == "point"})
+            raise ConfigError(f"no point configuration of width {key}; the bundle has widths "
+                              f"{', '.join(have) or 'none'}")
+        return self.policy.active_variant(point[0]).id
 
     def _sdk_overhead_ms(self, repeats: int = 15) -> dict[str, float]:
         """The SDK's own time per call outside the interpreter (input checks, normalisation,

@@ -106,9 +106,11 @@ class EdgeModel(BatchExecutor, Residency):
         # nothing it answers wrongly, and every slice parses with this backend (a store
         # bundle: one materialised, verified slice per distinct graph, see load_check)
         checked, stand_ins = self._slices.load_check()
-        check_bundle(self.bundle_dir, self.manifest, self.backend, checked, self._interp_cls,
-                     stand_ins)
+        # a configuration this backend would answer wrongly is left out (id -> why)
+        self.left_out = check_bundle(self.bundle_dir, self.manifest, self.backend, checked,
+                                     self._interp_cls, stand_ins)
         del checked
+        runnable = [c for c in self.manifest.configurations if c.id not in self.left_out]
         self.profile, self.latency_source, priors = latency_priors(
             self.bundle_dir, self.manifest.configurations, profile, threads)
         self._inputs = InputChecker(self.manifest.input)
@@ -120,17 +122,17 @@ class EdgeModel(BatchExecutor, Residency):
         self._suspect = SuspectCheck(stats) if input_check and stats is not None else None
         self._classes = len(self.manifest.labels)
         self._labels = tuple(self.manifest.labels)
-        self._configs = {c.id: c for c in self.manifest.configurations}
+        self._configs = {c.id: c for c in runnable}
         self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
         # the answer's softmax in the graph, where a slice serves one configuration
         self._answerable = answerable(self.manifest.configurations)
         self.policy = Policy(
-            self.manifest.configurations, MemoryProbe(memory_reader), priors=priors,
+            runnable, MemoryProbe(memory_reader), priors=priors,
             hysteresis=hysteresis, half_life_s=half_life_s, half_life_calls=half_life_calls,
             overhead_ms=self._sdk_overhead_ms(), prior_source=self.latency_source,
             memory_cap_mb=self.memory_cap_mb, mode=policy, target=key)
         if self.memory_cap_mb is not None:
-            small = min(self.manifest.configurations, key=self.policy.memory_need_mb)
+            small = min(runnable, key=self.policy.memory_need_mb)
             if self.policy.memory_need_mb(small) > self.memory_cap_mb:
                 raise BudgetError(
                     f"memory_cap_mb {self.memory_cap_mb:g} MB is below every configuration's "
@@ -178,17 +180,20 @@ class EdgeModel(BatchExecutor, Residency):
         return dict(getattr(self._slices, "materialize_ms", {}))
 
     def predict(self, x: npt.ArrayLike, budget: Budget | None = None, *, config_id: str | None = None,
-                alpha: float | None = None) -> Prediction:
+                alpha: float | None = None, width: float | None = None) -> Prediction:
         """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
         also takes ``[H, W]``). ``budget``: an :class:`edge_sdk.Budget` for this call (None:
         the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
         letting the policy choose; its ``budget_met`` is still judged against the budget and
-        strict mode still raises when it is predicted not to fit. ``alpha``: this call's
-        conformal miscoverage (None: the model's, ``load(alpha=0.1)``)."""
+        strict mode still raises when it is predicted not to fit. ``width`` pins the width's
+        point network and leaves its precision to the policy (the variant predicted fastest).
+        ``alpha``: this call's conformal miscoverage (None: the model's, ``load(alpha=0.1)``)."""
         t0 = self._clock()
         budget = self._budget if budget is None else check_budget(budget)
         if alpha is not None:
             check_alpha(alpha)
+        if width is not None:
+            config_id = self._width_config(width, config_id)
         xn = self._inputs.feed(x)
         chk = self._suspect
         sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
@@ -207,19 +212,21 @@ class EdgeModel(BatchExecutor, Residency):
         return p
 
     def predict_batch(self, xs: npt.ArrayLike, budget: Budget | None = None, *,
-                      config_id: str | None = None, alpha: float | None = None
-                      ) -> BatchPrediction:
+                      config_id: str | None = None, alpha: float | None = None,
+                      width: float | None = None) -> BatchPrediction:
         """``N`` samples ``[N, *input.shape[1:]]`` under one decision and one per-batch budget:
         one invoke per configuration for the whole batch where the slice's batch dimension can
         be resized, else a loop over the same configuration. Every prediction carries the
         batch's wall time (``latency_ms``) and interpreter time (``invoke_ms``). Returns a
         :class:`BatchPrediction`: the predictions as a sequence, and ``labels``,
         ``confidence``, ``probs``, ``abstain``, ``ood_score``, ``in_distribution`` and
-        ``prediction_sets`` (an ``[N, C]`` boolean mask) as arrays."""
+        ``prediction_sets`` (an ``[N, C]`` boolean mask) as arrays; ``width``: see predict."""
         t0 = self._clock()
         budget = self._budget if budget is None else check_budget(budget)
         if alpha is not None:
             check_alpha(alpha)
+        if width is not None:
+            config_id = self._width_config(width, config_id)
         xn = self._inputs.feed_batch(xs)
         n = len(xn)
         sus = None if self._suspect is None else self._suspect.batch(np.asarray(xs))
@@ -278,22 +285,6 @@ class EdgeModel(BatchExecutor, Residency):
                 self._recorder = None
 
     # ---- internals -------------------------------------------------------------------------
-    def _config(self, config_id: object) -> Configuration:
-        if not isinstance(config_id, str):
-            raise ConfigError(f"config_id must be a configuration id (a string: "
-                              f"{', '.join(self._configs)}), got {type(config_id).__name__}")
-        return self._configs.get(config_id) or self.manifest.configuration(config_id)  # raises
-
-    def _pinned(self, config_id: str, budget: Budget, n: int) -> Stage:
-        plan = self._pinned_plans.get(config_id) if type(config_id) is str else None
-        if plan is None:
-            plan = self._pinned_plans[config_id] = (Stage(self._config(config_id), None, 0.0),)
-        stage = plan[0]
-        if self.strict:
-            with self._lock:
-                self.policy.check_pinned(stage.config, budget, n)
-        return stage
-
     def _prepare(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
         """One sample checked and normalised, ``[1, H, W, C]`` float32: what a slice's own
         graph takes (``_build(c, plain=True)``: benchmarks, tests)."""
@@ -370,8 +361,9 @@ def load(bundle_dir: str | os.PathLike[str], profile: str | os.PathLike[str] | N
         hysteresis: headroom a better configuration needs to replace the incumbent.
         half_life_s: seconds after which a latency measurement counts half toward the prior.
         half_life_calls: decisions after which it counts half.
-        uncertainty: compute ``ood_score``, ``in_distribution`` and ``prediction_set`` (issue
-            33; False: those fields are None and the call costs only the answer).
+        uncertainty: compute ``ood_score``, ``in_distribution`` and ``prediction_set``
+            (docs/uncertainty.md; False: those fields are None and the call costs only the
+            answer).
         alpha: the prediction sets' miscoverage (coverage >= 1 - alpha).
         conformal: the sets' score, "lac", "aps" or "raps".
         abstain_on_ood: ``abstain`` also when the input is unlike the training data:

@@ -1,5 +1,5 @@
 """A Bayesian layer's full-width weights from a verified weight store (docs/store.md §3-4;
-split out of materialize.py, which cuts them to a width and writes the slice): the point
+materialize.py cuts them to a width and writes the slice): the point
 network's (:func:`decode_point`: codebook, sparse codebook or int8 codes on their step) and
 posterior sample ``s``'s (:func:`sample_weights`: the point weights plus the sampler's noise,
 Gaussian with an absolute or relative sigma, or SQS's categorical over codebook entries).

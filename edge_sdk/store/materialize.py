@@ -70,6 +70,7 @@ import numpy.typing as npt
 
 from edge_sdk.errors import ConfigError
 from edge_sdk.tflite.graph import Graph, tflite_weight
+from edge_sdk.tflite.integer import ActQuant, integer_graph
 from edge_sdk.tflite.tensors import QUANT_AXIS, Op, Quantization, Tensor
 from edge_sdk.store import sampler
 from edge_sdk.store.decode import _bad, _codes, _layer, decode_point, sample_weights
@@ -247,9 +248,10 @@ def _set_weight(g: Graph, name: str, kind: str, qt: QuantizedTensor | None, fold
 
 
 def materialize_graph(store: Store, graph: Graph | Mapping[str, Any], width_key: str, *,
-                      sample: int | None = None, heads: int = 0
+                      sample: int | None = None, heads: int = 0, route: str | None = None
                       ) -> tuple[Graph, dict[str, npt.NDArray[Any]], list[LayerRecord]]:
-    """The filled graph, its weights and per-layer records that :func:`materialize` writes."""
+    """The filled graph, its weights and per-layer records that :func:`materialize` writes.
+    ``route``: the filters' route (dequantize | hybrid | float), None: the store's own."""
     idx = store.index
     if not isinstance(idx, Mapping) or idx.get("version") not in READABLE_STORE_INDEX_VERSIONS:
         got = idx.get("version") if isinstance(idx, Mapping) else idx
@@ -276,7 +278,9 @@ def materialize_graph(store: Store, graph: Graph | Mapping[str, Any], width_key:
     classifier = idx.get("classifier")
     if heads:
         g = head_graph(g, str(classifier), heads)  # no classifier: refused there, as 'None'
-    route = idx.get("weights", "dequantize")
+    route = route or idx.get("weights", "dequantize")
+    if route not in ("dequantize", "hybrid", "float"):
+        raise ConfigError(f"route must be dequantize, hybrid or float, got {route!r}")
     arrays: dict[str, npt.NDArray[Any]] = {}
     records: list[LayerRecord] = []
     for name, L in idx["layers"].items():
@@ -321,14 +325,21 @@ def _stacked_heads(store: Store, name: str, wk: str, cut: dict[str, Any], heads:
 
 
 def materialize(store: Store, graph: Graph | Mapping[str, Any], width_key: str, *,
-                sample: int | None = None, heads: int = 0) -> bytes:
+                sample: int | None = None, heads: int = 0, route: str | None = None,
+                quant: Mapping[str, ActQuant] | None = None) -> bytes:
     """The ``.tflite`` bytes of one slice (docs/store.md §3): the width ``width_key``'s point
     network (``sample`` None, ``heads`` 0), posterior sample ``sample`` with its own folded
     batch norm (scope all), or the point backbone with ``heads`` sampled classifiers stacked,
     output ``[S, C]`` (scope head). ``graph``: the width's graph description from the
     manifest's ``graphs``. Deterministic: the same store and arguments give the same bytes on
-    every machine and numpy version (the sampler is integer arithmetic, docs/store.md §4)."""
-    g, arrays, _ = materialize_graph(store, graph, width_key, sample=sample, heads=heads)
+    every machine and numpy version (the sampler is integer arithmetic, docs/store.md §4).
+    ``route``: see :func:`materialize_graph`; ``quant``: the activations' (scale, zero point)
+    of an integer slice, which is then this slice on int8 kernels
+    (:func:`edge_sdk.tflite.integer.integer_graph`)."""
+    g, arrays, _ = materialize_graph(store, graph, width_key, sample=sample, heads=heads,
+                                     route=route)
+    if quant is not None:
+        g, arrays = integer_graph(g, arrays, quant)
     return write_tflite(g, arrays)
 
 
@@ -337,5 +348,12 @@ def materialize_file(store: Store, manifest: Manifest, config: Configuration, i:
     recipe (``config.materialize[i]``) and the recipe width's graph. The caller checks the
     bytes against ``config.files[i]`` (``edge_sdk.bundle.verify_bytes`` + ``check_slice``)."""
     recipe = manifest.recipe(config, i)
+    quant = None
+    if config.weights == "int8":  # the width's activation scales, recorded by the exporter
+        quant = manifest.activation_quant.get(recipe.width)
+        if quant is None:
+            raise ConfigError(f"configuration {config.id!r}: no activation_quant for width "
+                              f"{recipe.width!r}")
     return materialize(store, manifest.graphs[recipe.width], recipe.width,
-                       sample=recipe.sample, heads=recipe.heads)
+                       sample=recipe.sample, heads=recipe.heads,
+                       route="hybrid" if config.weights == "hybrid" else None, quant=quant)

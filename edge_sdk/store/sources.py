@@ -144,11 +144,11 @@ def recipe_fields(recipe: Recipe | Mapping[str, Any]) -> tuple[str, int | None, 
 
 
 def representatives(manifest: Manifest) -> dict[str, str]:
-    """file name -> the file that stands in for it at ``load()``: per width, the point slice,
-    the lowest sample of the sampled slices, the head slice with the most heads (see the module
-    docstring for why one per group is enough)."""
-    best: dict[tuple[str, str], tuple[tuple[int, int, str], str]] = {}
-    group_of: dict[str, tuple[str, str]] = {}
+    """file name -> the file that stands in for it at ``load()``: per width and weight route,
+    the point slice, the lowest sample of the sampled slices, the head slice with the most
+    heads (see the module docstring for why one per group is enough)."""
+    best: dict[tuple[str, str, str], tuple[tuple[int, int, str], str]] = {}
+    group_of: dict[str, tuple[str, str, str]] = {}
     for c in manifest.configurations:
         if c.materialize is None:
             raise BundleError(f"configuration {c.id} of a layout-store manifest has no "
@@ -156,7 +156,7 @@ def representatives(manifest: Manifest) -> dict[str, str]:
         for f, recipe in zip(c.files, c.materialize):
             width, sample, heads = recipe_fields(recipe)
             kind = "head" if heads else ("point" if sample is None else "sample")
-            group = (width, kind)
+            group = (width, kind, c.weights)  # each route its own kernels: its own check
             rank = (-heads, sample if sample is not None else -1, f.name)
             group_of[f.name] = group
             if group not in best or rank < best[group][0]:

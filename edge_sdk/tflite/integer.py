@@ -234,8 +234,12 @@ def _filter_and_bias(o: Op, by_name: dict[str, Tensor], dequantized: dict[str, s
         t = by_name[fname]
         if t.weight is None:
             raise ConfigError(f"op {o.op} ({o.outputs[0]!r}): the filter must be a constant")
-        q = quantize_per_channel(np.asarray(weights[t.weight], np.float32), axis)
-        codes, w_scale = q.values, q.scale
+        if t.dtype == "int8" and t.quant is not None and t.quant.axis == axis:
+            codes = np.asarray(weights[t.weight], np.int8)  # a hybrid route's int8 filter
+            w_scale = np.asarray(t.quant.scale, np.float32)
+        else:
+            q = quantize_per_channel(np.asarray(weights[t.weight], np.float32), axis)
+            codes, w_scale = q.values, q.scale
     name = f"{o.outputs[0]}/filter"
     tensors.append(Tensor(name, tuple(codes.shape), "int8", name,
                           Quantization(tuple(float(s) for s in w_scale), axis)))

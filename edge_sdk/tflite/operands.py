@@ -1,11 +1,11 @@
-"""The writer's operand constants read back into the options they were made from ("No
-bundle crashes the process"): RESHAPE's shape, PAD / PADV2's paddings (and PADV2's pad value),
-MEAN's axes, SLICE's begin and size, GATHER's indices, the resize ops' size and ADD / MUL's
-scalar are each a constant input (int32, or float32 [1]) used by that one op alone; anything
-else is a :class:`~edge_sdk.errors.SliceError`.
+"""The writer's operand constants read back into the options they were made from, so that no
+bundle crashes the process (docs/reliability.md): RESHAPE's shape, PAD / PADV2's paddings (and
+PADV2's pad value), MEAN's axes, SLICE's begin and size, GATHER's indices, the resize ops' size
+and ADD / MUL's scalar are each a constant input (int32, or float32 [1]) used by that one op
+alone; anything else is a :class:`~edge_sdk.errors.SliceError`.
 
-Split out of :mod:`edge_sdk.tflite.reader`, which parses the rest of a ``.tflite`` file and
-calls these for each operator (:func:`~edge_sdk.tflite.reader.read_graph`).
+:mod:`edge_sdk.tflite.reader` parses the rest of a ``.tflite`` file and calls these for each
+operator (:func:`~edge_sdk.tflite.reader.read_graph`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""``.tflite`` bytes -> the graph description the writer uses ("No bundle crashes the
-process"): :func:`read_graph` parses a slice back into ``(Graph, weights)`` and refuses, as a
-:class:`~edge_sdk.errors.SliceError`, everything :mod:`edge_sdk.tflite.writer` would not have
-written, then checks the result as the store route checks what it materialises
+"""``.tflite`` bytes -> the graph description the writer uses, so that no bundle crashes the
+process (docs/reliability.md): :func:`read_graph` parses a slice back into ``(Graph, weights)``
+and refuses, as a :class:`~edge_sdk.errors.SliceError`, everything :mod:`edge_sdk.tflite.writer`
+would not have written, then checks the result as the store route checks what it materialises
 (:meth:`Graph.validate`: every shape and type against the ops that produce and consume it, every
 operator's inputs produced before it, so the graph is acyclic and has no self-loop).
 

@@ -82,6 +82,9 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         if args and len(set(args)) == 1:
             return {"type": "array", "items": _type_schema(args[0]),
                     "minItems": len(args), "maxItems": len(args)}
+        if args:  # a fixed-length tuple of mixed types: each position its own schema
+            return {"type": "array", "prefixItems": [_type_schema(a) for a in args],
+                    "items": False, "minItems": len(args), "maxItems": len(args)}
     if origin is dict and args and args[0] is str:
         value = _type_schema(args[1])
         return {"type": "object", **({"additionalProperties": value} if value else {})}

@@ -1,8 +1,8 @@
 """A validator for the subset of JSON Schema (2020-12) that :mod:`edge_sdk.trust.schema`
 emits: enough to exercise the manifest's schema in the tests without a third-party validator.
 It refuses a keyword outside that subset instead of ignoring it, so a schema that grows a
-keyword fails loudly here until the check is written. (Split out of manifest_schema.py, which
-generates the schema; stdlib only, like the rest of the device package.)
+keyword fails loudly here until the check is written. stdlib only, like the rest of the
+device package.
 """
 from __future__ import annotations
 

@@ -36,6 +36,12 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                        "(edge_sdk.answers.uncertainty), in the store's container format; verify its "
                        "size and sha256 before decoding it. Absent: answers carry no OOD "
                        "score and no prediction set."},
+    "Manifest.activation_quant": {
+        "propertyNames": {"pattern": r"^(0\.[0-9][0-9]|1\.00)$"},
+        "description": "Schema version 7, layout store: width key -> activation tensor -> "
+                       "[scale, zero point] of the width's integer slice (weights int8), which "
+                       "the device builds from the store's float graph with these "
+                       "(edge_sdk.tflite.integer). Absent: no integer slice in the store."},
     "Manifest.input_stats": {
         "description": "Schema version 6, optional: the training split's per-channel "
                        "statistics of the raw input (edge_sdk.inputs.stats): a sample whose "
@@ -146,8 +152,11 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                        "exporter writes false; edge_sdk divides by temperature either way). "
                        "Files listed by slice name: left out = false."},
     "Configuration.weights": {"enum": list(WEIGHT_ROUTES), "required": False,
-                              "description": "Files listed by slice name: left out = "
-                                             "dequantize."},
+                              "description": "The kernels: dequantize and float run float32 "
+                                             "kernels, hybrid int8 weights with activations "
+                                             "quantized per invoke, int8 (schema version 7) "
+                                             "int8 kernels end to end. Files listed by slice "
+                                             "name: left out = dequantize."},
     "Configuration.output": {"required": False,
                              "description": "Files listed by slice name: left out = {kind: "
                                             "logits, shape: [S for head else 1, labels]}."},

@@ -15,9 +15,10 @@ import pytest
 
 import edge_sdk
 from edge_sdk import backends
-from edge_sdk.backends import ENV_VAR, BackendError
+from edge_sdk.backends import ENV_VAR, BackendError, check_bundle
 from edge_sdk.tflite import model_info as tflite_model
-from edge_sdk.bundle import MANIFEST_NAME, Manifest, file_entry, manifest_to_yaml, read_manifest
+from edge_sdk.bundle import (MANIFEST_NAME, Manifest, file_entry, manifest_to_yaml, read_manifest,
+                             read_slices)
 from edge_sdk.errors import BundleError, EdgeSdkError
 
 DATA = Path(__file__).resolve().parent / "data"  # written by data/make_hybrid_fc.py
@@ -262,11 +263,36 @@ def _with_hybrid_file(bundle: Path, dst: Path, version: int) -> tuple[Path, str]
     return dst, c["id"]
 
 
+def _only(dst: Path, cid: str) -> Path:
+    """``dst``'s manifest cut to configuration ``cid`` (its uncertainty file dropped too)."""
+    data = read_manifest(dst).to_dict()
+    data["configurations"] = [c for c in data["configurations"] if c["id"] == cid]
+    for c in data["configurations"]:
+        c["cascade"] = {}
+    data.pop("uncertainty", None)
+    (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
+    return dst
+
+
 @pytest.mark.parametrize("version", [12, 3])
-def test_load_refuses_a_bundle_its_backend_would_answer_wrongly(bundle, tmp_path, monkeypatch,
-                                                                version):
+def test_a_configuration_its_backend_would_answer_wrongly_is_left_out(bundle, tmp_path,
+                                                                      monkeypatch, version):
     copy, cid = _with_hybrid_file(bundle, tmp_path / "b", version)
-    if "tflite-runtime" not in USABLE:  # the check needs no interpreter: a stand-in will do
+    m = read_manifest(copy)
+    blobs = read_slices(copy, m)
+    left = check_bundle(copy, m, "tflite-runtime", blobs)  # the rule needs no interpreter
+    assert list(left) == [cid] and f"(here version {version})" in left[cid]
+    assert check_bundle(copy, m, "litert", blobs) == {}
+    if "tflite-runtime" in USABLE:  # the others answer; the one left out, pinned, says why
+        model = edge_sdk.load(copy, profile=None, backend="tflite-runtime")
+        assert model.left_out == left and cid not in {c.id for c in model.policy.configs}
+        x = np.zeros(model.manifest.input.shape[1:], np.float32)
+        with pytest.raises(BackendError, match=rf"^{cid}: backend tflite-runtime would answer "
+                                               r"it wrongly \(FULLY_CONNECTED"):
+            model.predict(x, config_id=cid)
+    # a bundle left with nothing it answers correctly is refused, in one line
+    _only(copy, cid)
+    if "tflite-runtime" not in USABLE:
         _fake_backends(monkeypatch, {"tflite-runtime"}, others="real")
     with pytest.raises(BackendError) as info:
         edge_sdk.load(copy, profile=None, backend="tflite-runtime")
@@ -282,7 +308,8 @@ def test_load_refuses_a_bundle_its_backend_would_answer_wrongly(bundle, tmp_path
 def test_profile_measurement_refuses_it_too(bundle, tmp_path, monkeypatch):
     from edge_sdk.policy.measured import measure_profile
 
-    copy, _ = _with_hybrid_file(bundle, tmp_path / "b", 12)
+    copy, cid = _with_hybrid_file(bundle, tmp_path / "b", 12)
+    _only(copy, cid)  # nothing else to measure
     if "tflite-runtime" not in USABLE:
         _fake_backends(monkeypatch, {"tflite-runtime"}, others="real")
     monkeypatch.setenv(ENV_VAR, "tflite-runtime")

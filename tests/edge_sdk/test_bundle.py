@@ -219,10 +219,10 @@ def test_missing_dir_and_manifest(tmp_path: Path) -> None:
 
 def test_unknown_schema_version(tmp_path: Path) -> None:
     data = manifest_dict()
-    data["schema_version"] = 7
+    data["schema_version"] = 8
     bundle = write_raw(tmp_path / "b", data)
     with pytest.raises(BundleError,
-                       match=r"schema_version: unsupported schema version 7.*versions 1, 2, 3, 4, 5, 6"):
+                       match=r"schema_version: unsupported schema version 8.*versions 1, 2, 3, 4, 5, 6, 7"):
         b.read_manifest(bundle, verify=False)
 
 

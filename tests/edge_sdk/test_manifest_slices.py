@@ -30,7 +30,7 @@ def expanded() -> dict:
     """The first version-3 store form: entries and recipes in every configuration; all1 and
     all2 share their first sample file."""
     s = [{"width": "1.00", "sample": i, "heads": 0} for i in range(2)]
-    return {"schema_version": 6, "layout": "store",
+    return {"schema_version": 7, "layout": "store",
             "store": file_entry("store.bin", b"store").to_dict(),
             "input": {"shape": [1, 4, 4, 2], "layout": "NHWC", "dtype": "float32",
                       "value_range": [0.0, 1.0], "mean": [0.0, 0.0], "std": [1.0, 1.0]},

@@ -415,9 +415,14 @@ def test_load_checks_each_representative_once_and_known_wrong_names_who_stands_o
     check_bundle("b", manifest, "litert", Lazy(s0=hybrid, p=clean), interp, stand)
     assert sorted(looked) == ["p", "s0"] and sorted(parsed) == ["p", "s0"]
     looked.clear(), parsed.clear()
+    plain = (data_dir / "layer_kinds_pools.tflite").read_bytes()  # float kernels only
+    left = check_bundle("b", manifest, "tflite-runtime", Lazy(s0=hybrid, p=plain), interp, stand)
+    assert sorted(left) == ["w1-all1", "w1-all2"]  # both stand on s0, left out
+    assert sorted(looked) == ["p", "s0"] and parsed == ["p"]  # s0 never built
+    looked.clear(), parsed.clear()
     with pytest.raises(BackendError, match=r"w1-all1, w1-all2 correctly"):
         check_bundle("b", manifest, "tflite-runtime", Lazy(s0=hybrid, p=clean), interp, stand)
-    assert looked == ["s0"] and parsed == []  # refused before its parse (and before p's)
+    assert parsed == []  # nothing it answers correctly: refused, nothing built
 
 
 def test_a_configuration_on_resident_files_has_no_first_use_cost(bundle, fake):

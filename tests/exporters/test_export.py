@@ -397,7 +397,7 @@ def bundles(checkpoints, workdir):
             # slices are materialised: tests/exporters/test_store.py)
             path = export_bundle(checkpoints[kind], out, ExportOptions(
                 widths=WIDTHS, samples=S, scopes=["point", "head", "all"], measure=False,
-                max_eval=MAX_EVAL, layout="files"), **QUIET)
+                max_eval=MAX_EVAL, layout="files", precisions=("float",)), **QUIET)
             assert Path(path) == out.resolve()
             self[kind] = out
             return out
@@ -530,7 +530,7 @@ def test_bundle_is_not_overwritten_without_force(bundles, checkpoints):
 
 def test_force_replaces_the_bundle(checkpoints, workdir):
     out = workdir / "forced"
-    opts = dict(scopes=["point"], measure=False, max_eval=10)
+    opts = dict(scopes=["point"], measure=False, max_eval=10, precisions=("float",))
     export_bundle(checkpoints["gaussian"], out, ExportOptions(widths=[0.5, 1.0], **opts),
                   **QUIET)
     # store.bin is the container's version 2 (deflated) by default ...
@@ -568,8 +568,8 @@ def test_zero_samples_is_a_config_error(checkpoints, workdir):
 def test_manifest_records_the_snapped_width(checkpoints, workdir):
     out = workdir / "snapped"
     export_bundle(checkpoints["gaussian"], out,
-                  ExportOptions(widths=[0.3], scopes=["point"], measure=False, max_eval=10),
-                  **QUIET)
+                  ExportOptions(widths=[0.3], scopes=["point"], measure=False, max_eval=10,
+                                precisions=("float",)), **QUIET)
     (c,) = read_manifest(out).configurations
     assert c.width == pytest.approx(0.375)
 
@@ -578,7 +578,7 @@ def test_widths_that_snap_to_the_same_network_are_exported_once(checkpoints, wor
     out = workdir / "dedupe"
     export_bundle(checkpoints["gaussian"], out,
                   ExportOptions(widths=[0.3, 0.35, 1.0], scopes=["point"], measure=False,
-                                max_eval=10), **QUIET)
+                                max_eval=10, precisions=("float",)), **QUIET)
     assert [c.width for c in read_manifest(out).configurations] == [0.375, 1.0]
 
 
@@ -621,7 +621,9 @@ def test_cli_export(checkpoints, workdir):
     manifest = read_manifest(out, verify=True)
     # the default layout, store: S is a run-time choice, one head configuration per S
     assert manifest.layout == "store"
-    assert list(manifest.ids) == ["w1.00-point", "w1.00-head1", "w1.00-head2"]
+    # the point slice in each precision (exporters.precision), then the heads
+    assert list(manifest.ids) == ["w1.00-point", "w1.00-point-dyn", "w1.00-point-int8",
+                                  "w1.00-head1", "w1.00-head2"]
     for c in manifest.configurations:  # noise against digits: an easy OOD task
         assert c.test["calibrated"]["ood_auroc"] > 0.5, c.test
 

@@ -313,8 +313,10 @@ def test_store_bundle_files_are_the_materialised_bytes(bundles, data, kind):
     assert m.schema_version >= 5 and m.layout == "store"
     assert sorted(p.name for p in out.iterdir()) == ["manifest.yaml", "store.bin",
                                                      "uncertainty.bin"]
+    # the point slice in every precision (float, dynamic range, int8), then heads and samples
     ids = [f"w{w:.2f}-{s}" for w in WIDTHS for s in
-           ["point", *(f"head{k}" for k in range(1, S + 1)), *(f"all{k}" for k in range(1, S + 1))]]
+           ["point", "point-dyn", "point-int8", *(f"head{k}" for k in range(1, S + 1)),
+            *(f"all{k}" for k in range(1, S + 1))]]
     assert list(m.ids) == ids
     raw = (out / "store.bin").read_bytes()
     # the container's version 2 (deflated): smaller than the version-1 bytes it inflates to,
@@ -456,9 +458,10 @@ def test_a_store_bundle_with_a_flipped_bit_is_refused(bundles, workdir):
 def test_files_layout_writes_plain_tflite_files(checkpoints, workdir):
     out = workdir / "files"
     export_bundle(checkpoints["gaussian"], out, ExportOptions(
-        widths=[1.0], scopes=["point"], measure=False, max_eval=10, layout="files"), **QUIET)
+        widths=[1.0], scopes=["point"], measure=False, max_eval=10, layout="files",
+        precisions=("float",)), **QUIET)
     m = read_manifest(out, verify=True)
-    assert (m.schema_version, m.layout, m.store, m.graphs) == (6, "files", None, {})
+    assert (m.schema_version, m.layout, m.store, m.graphs) == (7, "files", None, {})
     assert sorted(p.name for p in Path(out).iterdir()) == ["manifest.yaml", "uncertainty.bin",
                                                            "w1.00-point.tflite"]
     assert m.configurations[0].materialize is None
