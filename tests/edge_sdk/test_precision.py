@@ -162,3 +162,32 @@ def test_an_altered_scale_makes_the_materialised_slice_fail_its_checksum(precisi
 def test_the_precision_bundle_is_what_the_manifest_says(precision_bundle):
     m = read_manifest(precision_bundle)  # every stored file verified
     assert Path(precision_bundle, m.store.name).stat().st_size == m.store.bytes
+
+
+def test_materialised_to_files_every_precision_answers_alike_and_outside_edge_sdk(
+        precision_bundle, tmp_path, xs):
+    """``edge-sdk materialize``: the integer and dynamic-range slices written as plain
+    ``.tflite`` files (the same sha256), which the plain-interpreter example of
+    docs/predict_with_litert.py runs as ``predict`` answers."""
+    import importlib.util
+
+    from edge_sdk.cli.device import materialize_main
+
+    out = tmp_path / "files"
+    assert materialize_main([str(precision_bundle), "--out", str(out)]) == 0
+    store = edge_sdk.load(precision_bundle, profile=None)
+    files = edge_sdk.load(out, profile=None)
+    spec = importlib.util.spec_from_file_location(
+        "predict_with_litert", Path(__file__).resolve().parents[2] / "docs" /
+        "predict_with_litert.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for c in store.manifest.configurations:
+        if c.id in files.left_out:
+            continue
+        a = store.predict(xs[0], config_id=c.id)
+        b = files.predict(xs[0], config_id=c.id)
+        assert a.probs == pytest.approx(b.probs, abs=1e-6) and a.label == b.label, c.id
+        if "tflite-runtime" != files.backend:  # the example runs LiteRT
+            got = example.predict(out, xs[0], c.id)
+            assert got["label"] == b.label and got["probs"] == pytest.approx(b.probs, abs=1e-5)
