@@ -175,34 +175,42 @@ def main() -> None:
     p.add_argument("--max-eval", type=int, default=None)
     p.add_argument("--baseline", default=None, help="det .pt from baselines.py --save-det")
     p.add_argument("--calib", type=int, default=256)
+    p.add_argument("--parts", default="speed,choice,quality,baseline",
+                   help="which tables: speed, choice (predict with a width pinned), quality, "
+                        "baseline")
     args = p.parse_args()
+    parts = set(args.parts.split(","))
 
     d = np.load(args.data)
     xs, ys = d["x_test"][:args.max_eval], d["y_test"][:args.max_eval].astype(np.int64)
     model = edge_sdk.load(args.bundle, threads=1)
     x = xs[0]
-    t = speed(model, x, args.calls, args.rounds)
-    ch = width_choice(args.bundle, x, max(200, args.calls // 4))
-    print(f"\n{model.manifest.configurations[0].id.split('-')[0]}... 1 thread, medians of "
-          f"{args.calls} calls per configuration in {args.rounds} alternated rounds\n")
-    print("| configuration | precision | invoke ms | predict ms | SDK us | invoke / float "
-          "| predict / float |\n|---|---|---|---|---|---|---|")
-    for c in model.manifest.configurations:
-        if c.id not in t:
-            continue
-        ref = next(f for f in model.manifest.configurations if f.variant_of == c.variant_of
-                   and f.precision == "float")
-        r, f = t[c.id], t[ref.id]
-        print(f"| {c.id} | {c.precision} | {r['invoke']:.4f} | {r['predict']:.4f} | "
-              f"{(r['predict'] - r['invoke']) * 1e3:.1f} | {r['invoke'] / f['invoke']:.2f} | "
-              f"{r['predict'] / f['predict']:.2f} |")
-    print("\n| width | predict(x, width=w) answered by (second half) | its predict ms | "
-          "float predict ms | ratio |\n|---|---|---|---|---|")
-    for wk, row in ch.items():
-        fid = f"w{wk}-point"
-        share = ", ".join(f"{i} {s:.0%}" for i, s in row["share"].items())
-        print(f"| {wk} | {share} | {row['predict']:.4f} | {t[fid]['predict']:.4f} | "
-              f"{row['predict'] / t[fid]['predict']:.2f} |")
+    t = speed(model, x, args.calls, args.rounds) if parts & {"speed", "choice"} else {}
+    if "speed" in parts:
+        print(f"\n1 thread, medians of {args.calls} calls per configuration in {args.rounds} "
+              "alternated rounds\n")
+        print("| configuration | precision | invoke ms | predict ms | SDK us | invoke / float "
+              "| predict / float |\n|---|---|---|---|---|---|---|")
+        for c in model.manifest.configurations:
+            if c.id not in t:
+                continue
+            ref = next(f for f in model.manifest.configurations
+                       if f.variant_of == c.variant_of and f.precision == "float")
+            r, f = t[c.id], t[ref.id]
+            print(f"| {c.id} | {c.precision} | {r['invoke']:.4f} | {r['predict']:.4f} | "
+                  f"{(r['predict'] - r['invoke']) * 1e3:.1f} | "
+                  f"{r['invoke'] / f['invoke']:.2f} | {r['predict'] / f['predict']:.2f} |")
+    if "choice" in parts:
+        ch = width_choice(args.bundle, x, max(200, args.calls // 2))
+        print("\n| width | predict(x, width=w) answered by (second half) | its predict ms | "
+              "fastest pinned | float predict ms | ratio |\n|---|---|---|---|---|---|")
+        for wk, row in ch.items():
+            fid = f"w{wk}-point"
+            mine = [c for c in model.manifest.configurations if c.id.startswith(fid)]
+            fastest = min(mine, key=lambda c: t[c.id]["predict"]).id
+            share = ", ".join(f"{i} {s:.0%}" for i, s in row["share"].items())
+            print(f"| {wk} | {share} | {row['predict']:.4f} | {fastest} | "
+                  f"{t[fid]['predict']:.4f} | {row['predict'] / t[fid]['predict']:.2f} |")
 
     ood = {}
     if args.ood:
@@ -212,14 +220,17 @@ def main() -> None:
         for g in np.unique(oy):
             sel = ox[oy == g]
             ood[names.get(int(g), str(g))] = sel[len(sel) // 2:][:args.max_eval]  # 2nd half
-    qual = quality(model, xs, ys, ood)
+    if "quality" not in parts:
+        ood = {}
+    qual = quality(model, xs, ys, ood) if "quality" in parts else {}
     cols = ["accuracy", "nll", *[f"auroc {g}" for g in ood], "coverage", "set_size"]
-    print(f"\ntest split ({len(ys)} images), through the runtime; OOD: second halves\n")
-    print("| configuration | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1))
+    if qual:
+        print(f"\ntest split ({len(ys)} images), through the runtime; OOD: second halves\n")
+        print("| configuration | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1))
     for cid, row in qual.items():
         print(f"| {cid} | " + " | ".join(f"{row[k]:.4f}" if k in row else "-" for k in cols)
               + " |")
-    if args.baseline:
+    if args.baseline and "baseline" in parts:
         b = baseline(args.baseline, model, Path(args.data), xs, ys, args.calib, args.calls)
         print(f"\nthe plain network trained alone (float32 slice) and through ai-edge-quantizer's "
               f"static int8 recipe ({args.calib} calibration images, its min-max):\n")

@@ -44,7 +44,7 @@ class Estimates:
     _group: dict[str, tuple[Configuration, ...]]
 
     if TYPE_CHECKING:
-        def _recheck(self, config_id: str) -> None: ...
+        def _recheck(self, config_id: str, latency_ms: float) -> None: ...
 
     def prior_latency_ms(self, c: Configuration) -> float:
         """The interpreter time believed before this device has measured ``c``."""
@@ -120,6 +120,7 @@ class Estimates:
         """Fold a measured end-to-end latency (of ``n`` samples) into the configuration's EWMA.
         The older the previous estimate, the more the new measurement counts."""
         now = self._clock()
+        raw = latency_ms  # (the EWMA below may cap it)
         key = config_id if n == 1 else (config_id, n)
         measured, calls = self._measured, self._calls
         old = measured.get(key)
@@ -158,4 +159,4 @@ class Estimates:
             self._floor[config_id] = new  # (a floor left lower than it could be is still one)
             self._candidates = None
         if n == 1 and config_id in self._group:  # a precision variant: still the fastest?
-            self._recheck(config_id)
+            self._recheck(config_id, raw)

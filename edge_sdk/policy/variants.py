@@ -3,27 +3,45 @@ on other kernels (float32, dynamic-range int8, int8 end to end; ``Configuration.
 
 Variants whose validation NLL is within ``precision_tolerance`` of the best of them answer
 alike (the exporter measured each one), so they are one choice for the budget rule: the group
-ranks where its best variant ranks, and the variant that answers is the one predicted fastest
-on this device now (the device profile's or the manifest's latency until this process has
-measured it, then the measurement), re-checked as measurements come in. A variant that loses
-more than the tolerance is a configuration of its own, ranked by its own quality. A mixin of
-:class:`edge_sdk.policy.policy.Policy`.
+ranks where its best variant ranks, and the variant that answers is the one that runs fastest on
+this device, judged on measurements only: the median of its last :data:`RECENT` end-to-end
+measurements (one slow call cannot decide it). The priors (the device profile's or the
+manifest's latency plus the SDK's time) pick the first variant and say which others are worth
+measuring: every :data:`RECHECK_CALLS` measurements of the group, a variant its prior calls
+faster than the answering one, or one not measured for :data:`PROBE_CALLS` that was within
+:data:`PROBE_WITHIN` of it, answers :data:`RECENT` calls in a row (a probe: the first call after
+another interpreter runs from cold caches); then the measured variants are compared, and the
+answering one changes only for a clear gain (:data:`SWITCH_GAIN`). A variant that loses more than the tolerance is a configuration of its own, ranked by its
+own quality. A mixin of :class:`edge_sdk.policy.policy.Policy`.
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
 
-__all__ = ["PRECISION_TOLERANCE", "RECHECK_CALLS", "Variants"]
+__all__ = ["PRECISION_TOLERANCE", "PROBE_CALLS", "PROBE_WITHIN", "RECENT", "RECHECK_CALLS",
+           "SWITCH_GAIN", "Variants"]
 
 # validation NLL a variant may lose to its group's best and still stand in for it: the
 # integer slices' goal (NLL after temperature within +0.01 of the float slice's)
 PRECISION_TOLERANCE = 0.01
 # a group's fastest variant is re-checked once per this many measurements of its variants
-# (and at the first): the check costs a prediction per variant, the other calls a counter
+# (and at the first): the check costs a median per variant, the other calls a counter
 RECHECK_CALLS = 32
+# a variant's speed: the median of its last this many end-to-end measurements
+RECENT = 9
+# another variant takes over only when it is at least this much faster (no flapping between
+# two variants within timing noise)
+SWITCH_GAIN = 0.05
+# a variant not measured for this many measurements of its group answers RECENT calls in a
+# row (a probe), if it was within PROBE_WITHIN x the answering variant's speed: at most RECENT
+# calls in this many run a slower variant, and never one far slower
+PROBE_CALLS = 1024
+PROBE_WITHIN = 1.5
 
 
 class Variants:
@@ -37,6 +55,8 @@ class Variants:
 
     if TYPE_CHECKING:
         def _predicted(self, c: Configuration, now: float, n: int = 1) -> float: ...
+
+        def _end_to_end_prior(self, c: Configuration, n: int = 1) -> float: ...
 
         @staticmethod
         def preference(c: Configuration) -> tuple[float, float, int]: ...
@@ -57,6 +77,10 @@ class Variants:
                     self._group[c.id] = alike
         self._active: dict[str, Configuration] = {}  # first variant's id -> the one answering
         self._seen: dict[str, int] = {}  # first variant's id -> measurements since the check
+        # first variant's id -> (the variant a probe replaced, probe calls still to run)
+        self._probe: dict[str, tuple[Configuration, int]] = {}
+        self._recent: dict[str, deque[float]] = {c: deque(maxlen=RECENT) for c in self._group}
+        self._since: dict[str, int] = {c: 0 for c in self._group}  # group calls since measured
         for group in {g[0].id: g for g in self._group.values()}.values():
             self._active[group[0].id] = min(group, key=lambda c: (
                 self._predicted(c, 0.0), self.preference(c)))
@@ -89,25 +113,65 @@ class Variants:
         group = self._group.get(c.id)
         return c if group is None else self._active[group[0].id]
 
-    def _recheck(self, config_id: str) -> None:
-        """After a measurement of ``config_id``: re-pick its group's fastest variant every
-        :data:`RECHECK_CALLS` measurements of the group (the first included)."""
+    def _recheck(self, config_id: str, latency_ms: float) -> None:
+        """After a measurement of ``config_id`` (end to end, one sample): note it, and every
+        :data:`RECHECK_CALLS` measurements of the group (the first included) re-pick the
+        group's fastest variant, or probe one not measured for :data:`PROBE_CALLS`."""
         group = self._group.get(config_id)
         if group is None:
             return
+        self._recent[config_id].append(latency_ms)
+        since = self._since
+        for v in group:
+            since[v.id] += 1
+        since[config_id] = 0
         key = group[0].id
-        seen = self._seen.get(key)
-        if seen is not None and seen + 1 < RECHECK_CALLS:
-            self._seen[key] = seen + 1
-            return
+        probing = self._probe.get(key)
+        if probing is not None:
+            probed, left = probing
+            if left > 1:  # the probe runs RECENT calls in a row
+                self._probe[key] = (probed, left - 1)
+                return
+            del self._probe[key]
+        else:
+            probed = None
+            seen = self._seen.get(key)
+            if seen is not None and seen + 1 < RECHECK_CALLS:
+                self._seen[key] = seen + 1
+                return
         self._seen[key] = 0
-        now = self._clock()
-        fastest = min(group, key=lambda c: (self._predicted(c, now), self.preference(c)))
         old = self._active[key]
-        if fastest is old:
+        recent = self._recent
+
+        def speed(v: Configuration) -> float:
+            r = recent[v.id]
+            return statistics.median(r) if len(r) >= 3 else self._end_to_end_prior(v)
+
+        if probed is None:
+            # a variant is only ever preferred on measurements: one its prior calls faster
+            # than the answering one's speed, or one not measured for PROBE_CALLS that was
+            # within PROBE_WITHIN of it, first answers RECENT calls in a row (a probe)
+            due = [v for v in group if v is not old and (
+                (len(recent[v.id]) < 3 and speed(v) < speed(old))
+                or (since[v.id] >= PROBE_CALLS and speed(v) < PROBE_WITHIN * speed(old)))]
+            for v in group:
+                if since[v.id] >= PROBE_CALLS:
+                    since[v.id] = 0  # probed now, or not worth it, for another while
+            if due:
+                self._probe[key] = (old, RECENT)
+                return self._set_active(key, old, min(due, key=speed))
+        base = probed or old
+        pool = [v for v in group if len(recent[v.id]) >= 3] or [base]
+        fastest = min(pool, key=lambda v: (speed(v), self.preference(v)))
+        if base in pool and speed(fastest) > (1 - SWITCH_GAIN) * speed(base):
+            fastest = base
+        self._set_active(key, old, fastest)
+
+    def _set_active(self, key: str, old: Configuration, new: Configuration) -> None:
+        if new is old:
             return
-        self._active[key] = fastest
+        self._active[key] = new
         self._ranked = self._rank()
         self._candidates = None
         if self._last == old.id:
-            self._last = fastest.id  # the incumbent is the group, whichever variant answers
+            self._last = new.id  # the incumbent is the group, whichever variant answers
