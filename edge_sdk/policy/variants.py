@@ -58,6 +58,8 @@ class Variants:
 
         def _end_to_end_prior(self, c: Configuration, n: int = 1) -> float: ...
 
+        def _need_mb(self, c: Configuration) -> float: ...
+
         @staticmethod
         def preference(c: Configuration) -> tuple[float, float, int]: ...
 
@@ -151,9 +153,12 @@ class Variants:
             # a variant is only ever preferred on measurements: one its prior calls faster
             # than the answering one's speed, or one not measured for PROBE_CALLS that was
             # within PROBE_WITHIN of it, first answers RECENT calls in a row (a probe)
-            due = [v for v in group if v is not old and (
-                (len(recent[v.id]) < 3 and speed(v) < speed(old))
-                or (since[v.id] >= PROBE_CALLS and speed(v) < PROBE_WITHIN * speed(old)))]
+            # (never one that needs more memory: a memory budget the answering variant fits,
+            # the probe fits too)
+            due = [v for v in group if v is not old and self._need_mb(v) <= self._need_mb(old)
+                   and ((len(recent[v.id]) < 3 and speed(v) < speed(old))
+                        or (since[v.id] >= PROBE_CALLS
+                            and speed(v) < PROBE_WITHIN * speed(old)))]
             for v in group:
                 if since[v.id] >= PROBE_CALLS:
                     since[v.id] = 0  # probed now, or not worth it, for another while

@@ -5,7 +5,8 @@ the block is regenerated with ``make demo`` and pasted again.
 What the demo exports is read from the demo itself: ``demos.digits_budget.run`` is run with
 training and quantization stubbed out, up to the ``export_bundle`` call, whose options are
 captured; the configuration names follow from them as the exporter names them
-(``w<width>-point``, ``-head<S>``, ``-all<S>``, S from ``exporters.layouts.sample_counts``).
+(``w<width>-point`` and its precisions' ``-dyn`` / ``-int8``, ``-head<S>``, ``-all<S>``, S from
+``exporters.layouts.sample_counts``).
 """
 from __future__ import annotations
 
@@ -48,13 +49,16 @@ def _demo_export_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def _expected_ids(opts) -> list[str]:
     from exporters.layouts import sample_counts
 
+    from exporters.precision import config_suffix
+
     counts = sample_counts(opts.samples, opts.sample_counts)
     ids = []
     for w in opts.widths:
         wk = f"{w:.2f}"
         for scope in opts.scopes:
-            if scope == "point":
-                ids.append(f"w{wk}-point")
+            if scope == "point":  # in every precision (exporters.precision)
+                ids += [f"w{wk}-point{config_suffix(p)}" for p in
+                        getattr(opts, "precisions", ("float",))]
             else:
                 ids += [f"w{wk}-{scope}{s}" for s in counts]
     return ids
