@@ -192,7 +192,7 @@ class EdgeModel(BatchExecutor, Residency):
         budget = self._budget if budget is None else check_budget(budget)
         if alpha is not None:
             check_alpha(alpha)
-        if width is not None:
+        if width is not None:  # the width's point network, its precision the policy's
             config_id = self._width_config(width, config_id)
         xn = self._inputs.feed(x)
         chk = self._suspect
