@@ -15,7 +15,7 @@ architecture trained alone, its float slice quantized by ai-edge-quantizer's sta
 recipe (``static_wi8_ai8``, its own min-max calibration on ``--calib`` training images).
 
     python benchmarks/precision.py --bundle B --data ../shared/data/cifar10_dev.npz \
-        --ood ../shared/data/ood32_dev.npz --baseline runs/ref/det_allconv.pt
+        --ood ../shared/data/ood32_dev.npz --ood-groups --baseline runs/ref/det_allconv.pt
 """
 from __future__ import annotations
 
@@ -169,7 +169,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", required=True)
     p.add_argument("--data", required=True, help="the npz the bundle was trained on")
-    p.add_argument("--ood", default=None, help="an npz of OOD images (y_test: group ids)")
+    p.add_argument("--ood", default=None, help="an npz of OOD images")
+    p.add_argument("--ood-groups", action="store_true",
+                   help="the OOD npz's y_test are groups (ood32_dev: 0 far, 1 near)")
     p.add_argument("--calls", type=int, default=2000, help="timed calls per configuration")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--max-eval", type=int, default=None)
@@ -215,8 +217,10 @@ def main() -> None:
     ood = {}
     if args.ood:
         o = np.load(args.ood)
-        ox, oy = o["x_test"], o["y_test"]
-        names = {0: "far", 1: "near"}
+        ox = o["x_test"]
+        # ood32_dev's y_test are its groups (0 far, 1 near); any other set is one group
+        oy = o["y_test"] if args.ood_groups else np.zeros(len(ox), np.int64)
+        names = {0: "far", 1: "near"} if args.ood_groups else {0: Path(args.ood).stem}
         for g in np.unique(oy):
             sel = ox[oy == g]
             ood[names.get(int(g), str(g))] = sel[len(sel) // 2:][:args.max_eval]  # 2nd half

@@ -80,6 +80,7 @@ class Executor:
     _configs: dict[str, Configuration]
     _pinned_plans: dict[str, tuple[Stage]]
     left_out: dict[str, str]
+    _widths: dict[float, Configuration]  # a width asked for -> a point configuration of it
     backend: str
     strict: bool
 
@@ -197,19 +198,24 @@ class Executor:
         if config_id is not None:
             raise ConfigError("pass config_id or width, not both (config_id pins one "
                               "configuration, width pins a width and leaves its precision)")
-        w = float(width) if isinstance(width, numbers.Real) and not isinstance(width, bool) \
-            else math.nan
-        if not 0 < w <= 1:
-            raise ConfigError(f"width must be a number in (0, 1], got {width!r}")
-        key = width_key(w)
-        point = [c for c in self.policy.configs
-                 if c.scope == "point" and width_key(c.width) == key]
-        if not point:
-            have = sorted({width_key(c.width) for c in self.policy.configs
-                           if c.scope == "point"})
-            raise ConfigError(f"no point configuration of width {key}; the bundle has widths "
-                              f"{', '.join(have) or 'none'}")
-        return self.policy.active_variant(point[0]).id
+        point = self._widths.get(width) if type(width) is float else None  # (a call's lookup)
+        if point is None:
+            w = float(width) if isinstance(width, numbers.Real) and not isinstance(width, bool) \
+                else math.nan
+            if not 0 < w <= 1:
+                raise ConfigError(f"width must be a number in (0, 1], got {width!r}")
+            key = width_key(w)
+            found = [c for c in self.policy.configs
+                     if c.scope == "point" and width_key(c.width) == key]
+            if not found:
+                have = sorted({width_key(c.width) for c in self.policy.configs
+                               if c.scope == "point"})
+                raise ConfigError(f"no point configuration of width {key}; the bundle has "
+                                  f"widths {', '.join(have) or 'none'}")
+            point = found[0]
+            if type(width) is float:
+                self._widths[width] = point
+        return self.policy.active_variant(point).id
 
     def _sdk_overhead_ms(self, repeats: int = 15) -> dict[str, float]:
         """The SDK's own time per call outside the interpreter (input checks, normalisation,

@@ -145,6 +145,7 @@ class EdgeModel(BatchExecutor, Residency):
         self._lock = threading.Lock()  # the policy's EWMA and hysteresis state
         self._batchable: dict[str, bool] = {}
         self._pinned_plans: dict[str, tuple[Stage]] = {}  # config_id -> its one-stage plan
+        self._widths: dict[float, Configuration] = {}  # predict(width=...)'s look-ups
         self._recorder: TraceRecorder | None = None
 
     # ---- public ----------------------------------------------------------------------------
