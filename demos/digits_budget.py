@@ -112,7 +112,13 @@ def phases(model, samples: dict[str, list[float]] | None = None
     if samples is None:  # one prediction per configuration: what the policy believes now
         samples = {c.id: [pol.predicted_latency_ms(c)] for c in configs}
     need = {c.id: pol.memory_need_mb(c) for c in configs}
-    points = sorted(need[c.id] for c in configs if c.scope == "point")
+    # a point network's need: its most demanding precision variant's (whichever of them the
+    # policy answers with when the squeeze runs fits the squeeze)
+    net: dict = {}
+    for c in configs:
+        if c.scope == "point":
+            net[c.variant_of] = max(net.get(c.variant_of, 0.0), need[c.id])
+    points = sorted(net.values())
     saver, shared, _ = latency_budgets(model, samples)
     if shared is None:  # nothing met-able (never seen): the slowest configuration's p99
         shared = max(_quantile(v, 0.99) for v in samples.values())
