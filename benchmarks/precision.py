@@ -14,12 +14,19 @@ Baseline (``--baseline det.pt`` from ``benchmarks/baselines.py --save-det``): th
 architecture trained alone, its float slice quantized by ai-edge-quantizer's static int8
 recipe (``static_wi8_ai8``, its own min-max calibration on ``--calib`` training images).
 
+Boundary (a store bundle): what the integer slice's float interface costs. Per width, the
+invoke of its float slice, of its integer slice (QUANTIZE in, DEQUANTIZE out) and of the same
+network with int8 input and output (ai-edge-quantizer's static int8 recipe on the width's
+float-weight slice, given the ranges the bundle records), 1 thread, alternated.
+
     python benchmarks/precision.py --bundle B --data ../shared/data/cifar10_dev.npz \
         --ood ../shared/data/ood32_dev.npz --ood-groups --baseline runs/ref/det_allconv.pt
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import statistics
 import sys
 import time
@@ -106,9 +113,9 @@ def quality(model, xs, ys, ood: dict[str, np.ndarray]) -> dict[str, dict]:
     return out
 
 
-def plain_float_slice(path: str, shape: tuple[int, ...]) -> tuple[bytes, float]:
+def plain_float_slice(path: str, shape: tuple[int, ...]) -> bytes:
     """The det network's float32 ``.tflite`` (nested with ``trainer.nest`` and cut at full
-    width: the same function, BN folded) and its test accuracy as saved."""
+    width: the same function, BN folded)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -124,23 +131,81 @@ def plain_float_slice(path: str, shape: tuple[int, ...]) -> tuple[bytes, float]:
     det.load_state_dict(state["state_dict"])
     nested = nest(det.eval()).truncate(1.0).eval()
     graph, weights, _ = lower_point_slice(nested, (1, *shape), "float")
-    return write_tflite(graph, weights), det
+    return write_tflite(graph, weights)
+
+
+def aeq_static_int8(float_buf: bytes, samples: list[np.ndarray] | None = None,
+                    ranges: dict | None = None) -> bytes:
+    """ai-edge-quantizer's static int8 recipe (weights and activations int8) on ``float_buf``,
+    its own min-max calibration on the input ``samples``, or the given tensor ->
+    ``{min, max}`` ``ranges``; its progress lines kept out of the tables."""
+    from ai_edge_quantizer import quantizer, recipe
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        q = quantizer.Quantizer(float_buf, recipe.static_wi8_ai8())
+        if ranges is None:
+            ranges = q.calibrate({"serving_default": [{"input": x} for x in samples or []]})
+        return bytes(q.quantize(ranges).quantized_model)
+
+
+def invoke_ms(bufs: list[bytes], calls: int) -> list[float]:
+    """Median invoke (ms, 1 thread) of each model on zeros, the models alternated call by call
+    so drift hits all alike."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    its = []
+    for buf in bufs:
+        it = Interpreter(model_content=buf, num_threads=1)
+        it.allocate_tensors()
+        d = it.get_input_details()[0]
+        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+        it.invoke()
+        its.append(it)
+    ts: list[list[float]] = [[] for _ in its]
+    for _ in range(calls):
+        for k, it in enumerate(its):
+            t0 = time.perf_counter()
+            it.invoke()
+            ts[k].append(time.perf_counter() - t0)
+    return [med_ms(t) for t in ts]
+
+
+def boundary(bundle: str, calls: int) -> dict[str, list[float]]:
+    """Per width of a store bundle's integer slices: invoke ms of the float slice, the integer
+    slice, and the same integer network with int8 input and output (module docstring)."""
+    from edge_sdk.bundle import read_manifest
+    from edge_sdk.store import materialize_graph
+    from edge_sdk.store.sources import read_store
+    from edge_sdk.tflite.integer import QMAX, QMIN, integer_graph
+    from edge_sdk.tflite.writer import write_tflite
+
+    m = read_manifest(bundle)
+    store = read_store(bundle, m)
+    out = {}
+    for wk, quant in sorted(m.activation_quant.items()):
+        g, arrays, _ = materialize_graph(store, m.graphs[wk], wk)
+        gf, af, _ = materialize_graph(store, m.graphs[wk], wk, route="float")
+        # each tensor's recorded grid as a range: ai-edge-quantizer derives the same grid
+        ranges = {t: {"min": np.array(s * (QMIN - z), np.float32),
+                      "max": np.array(s * (QMAX - z), np.float32)} for t, (s, z) in quant.items()}
+        io8 = aeq_static_int8(write_tflite(gf, af), ranges=ranges)
+        out[wk] = invoke_ms([write_tflite(g, arrays),
+                             write_tflite(*integer_graph(g, arrays, quant)), io8], calls)
+    return out
 
 
 def baseline(path: str, model, data: Path, xs_raw, ys, calib: int, calls: int) -> dict:
     """The plain network trained alone + ai-edge-quantizer static int8: accuracy and invoke,
     on inputs normalised as the bundle normalises them (the same training split's)."""
     from ai_edge_litert.interpreter import Interpreter
-    from ai_edge_quantizer import quantizer, recipe
 
-    float_buf, _ = plain_float_slice(path, tuple(model.manifest.input.shape[1:]))
+    float_buf = plain_float_slice(path, tuple(model.manifest.input.shape[1:]))
     rng = np.random.default_rng(0)
     train = np.load(data)["x_train"]
     pick = train[rng.choice(len(train), calib, replace=False)]
-    q = quantizer.Quantizer(float_buf, recipe.static_wi8_ai8())
-    cal = q.calibrate({"serving_default": [{"input": model._prepare(x)} for x in pick]})
+    int8_buf = aeq_static_int8(float_buf, samples=[model._prepare(x) for x in pick])
     out = {}
-    for name, buf in (("float", float_buf), ("int8", bytes(q.quantize(cal).quantized_model))):
+    for name, buf in (("float", float_buf), ("int8", int8_buf)):
         it = Interpreter(model_content=buf, num_threads=1)
         it.allocate_tensors()
         inp, o = it.get_input_details()[0], it.get_output_details()[0]
@@ -177,9 +242,9 @@ def main() -> None:
     p.add_argument("--max-eval", type=int, default=None)
     p.add_argument("--baseline", default=None, help="det .pt from baselines.py --save-det")
     p.add_argument("--calib", type=int, default=256)
-    p.add_argument("--parts", default="speed,choice,quality,baseline",
+    p.add_argument("--parts", default="speed,choice,quality,baseline,boundary",
                    help="which tables: speed, choice (predict with a width pinned), quality, "
-                        "baseline")
+                        "baseline, boundary (the integer slices' float interface)")
     args = p.parse_args()
     parts = set(args.parts.split(","))
 
@@ -215,7 +280,7 @@ def main() -> None:
                   f"{t[fid]['predict']:.4f} | {row['predict'] / t[fid]['predict']:.2f} |")
 
     ood = {}
-    if args.ood:
+    if args.ood and "quality" in parts:
         o = np.load(args.ood)
         ox = o["x_test"]
         # ood32_dev's y_test are its groups (0 far, 1 near); any other set is one group
@@ -224,8 +289,6 @@ def main() -> None:
         for g in np.unique(oy):
             sel = ox[oy == g]
             ood[names.get(int(g), str(g))] = sel[len(sel) // 2:][:args.max_eval]  # 2nd half
-    if "quality" not in parts:
-        ood = {}
     qual = quality(model, xs, ys, ood) if "quality" in parts else {}
     cols = ["accuracy", "nll", *[f"auroc {g}" for g in ood], "coverage", "set_size"]
     if qual:
@@ -241,6 +304,16 @@ def main() -> None:
         print("| network | accuracy | invoke ms | bytes |\n|---|---|---|---|")
         for name, r in b.items():
             print(f"| plain {name} | {r['accuracy']:.4f} | {r['invoke']:.4f} | {r['bytes']:,} |")
+
+    if "boundary" in parts and model.manifest.activation_quant:
+        print(f"\nthe integer slices' float interface (QUANTIZE in, DEQUANTIZE out) against the "
+              f"same network with int8 input and output, medians of {args.calls} alternated "
+              "invokes:\n")
+        print("| width | float ms | int8 ms | int8 I/O ms | interface us | int8 / float |\n"
+              "|---|---|---|---|---|---|")
+        for wk, (fl, ours, io8) in boundary(args.bundle, args.calls).items():
+            print(f"| {wk} | {fl:.4f} | {ours:.4f} | {io8:.4f} | {(ours - io8) * 1e3:.1f} | "
+                  f"{ours / fl:.2f} |")
 
 
 if __name__ == "__main__":

@@ -87,8 +87,11 @@ def activation_ranges(graph: Graph, weights: Weights, xs: np.ndarray, method: st
     if method == "minmax":
         return {n: (lo[n], hi[n]) for n in names}
     q = 100 - float(method[1:])
-    return {n: (float(np.percentile(np.concatenate(kept[n]), q)),
-                float(np.percentile(np.concatenate(kept[n]), 100 - q))) for n in names}
+    out = {}
+    for n in names:
+        a, b = np.percentile(np.concatenate(kept[n]), [q, 100 - q])
+        out[n] = (float(a), float(b))
+    return out
 
 
 @dataclass

@@ -12,7 +12,7 @@ __all__ = ["parse_activation_quant"]
 
 
 def parse_activation_quant(value: object, path: str, version: int
-                      ) -> dict[str, dict[str, tuple[float, int]]]:
+                           ) -> dict[str, dict[str, tuple[float, int]]]:
     """Width key -> tensor name -> (scale, zero point): finite float32 scales > 0, zero points
     in [-128, 127] (what an int8 tensor's quantization holds)."""
     given = mapping(value, path)

@@ -7,8 +7,7 @@ the plan, are in policy.py.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, TYPE_CHECKING
-
+from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration

@@ -11,8 +11,9 @@ measuring: every :data:`RECHECK_CALLS` measurements of the group, a variant its 
 faster than the answering one, or one not measured for :data:`PROBE_CALLS` that was within
 :data:`PROBE_WITHIN` of it, answers :data:`RECENT` calls in a row (a probe: the first call after
 another interpreter runs from cold caches); then the measured variants are compared, and the
-answering one changes only for a clear gain (:data:`SWITCH_GAIN`). A variant that loses more than the tolerance is a configuration of its own, ranked by its
-own quality. A mixin of :class:`edge_sdk.policy.policy.Policy`.
+answering one changes only for a clear gain (:data:`SWITCH_GAIN`). A variant that loses more
+than the tolerance is a configuration of its own, ranked by its own quality. A mixin of
+:class:`edge_sdk.policy.policy.Policy`.
 """
 from __future__ import annotations
 
@@ -78,12 +79,16 @@ class Variants:
                 for c in alike:
                     self._group[c.id] = alike
         self._active: dict[str, Configuration] = {}  # first variant's id -> the one answering
-        self._seen: dict[str, int] = {}  # first variant's id -> measurements since the check
+        # first variant's id -> its group's measurements so far, and that count at the last
+        # check; a variant's id -> that count at its own last measurement (or probe decision)
+        self._count: dict[str, int] = {}
+        self._checked: dict[str, int] = {}
+        self._at: dict[str, int] = {c: 0 for c in self._group}
         # first variant's id -> (the variant a probe replaced, probe calls still to run)
         self._probe: dict[str, tuple[Configuration, int]] = {}
         self._recent: dict[str, deque[float]] = {c: deque(maxlen=RECENT) for c in self._group}
-        self._since: dict[str, int] = {c: 0 for c in self._group}  # group calls since measured
         for group in {g[0].id: g for g in self._group.values()}.values():
+            self._count[group[0].id] = 0
             self._active[group[0].id] = min(group, key=lambda c: (
                 self._predicted(c, 0.0), self.preference(c)))
         self._ranked = self._rank()
@@ -103,7 +108,7 @@ class Variants:
     @property
     def candidates(self) -> list[Configuration]:
         """What may answer a call now, in the rule's order: each network once, a network with
-        precision variants as the variant predicted fastest."""
+        precision variants as its answering variant (:meth:`active_variant`)."""
         return list(self._ranked)
 
     def variants(self, c: Configuration) -> tuple[Configuration, ...]:
@@ -111,7 +116,8 @@ class Variants:
         return self._group.get(c.id, (c,))
 
     def active_variant(self, c: Configuration) -> Configuration:
-        """The variant of ``c``'s network that answers now: the one predicted fastest."""
+        """The variant of ``c``'s network that answers now: the one judged fastest (its prior
+        until the group's variants are measured, then the median of its recent measurements)."""
         group = self._group.get(c.id)
         return c if group is None else self._active[group[0].id]
 
@@ -123,11 +129,10 @@ class Variants:
         if group is None:
             return
         self._recent[config_id].append(latency_ms)
-        since = self._since
-        for v in group:
-            since[v.id] += 1
-        since[config_id] = 0
         key = group[0].id
+        n = self._count[key] = self._count[key] + 1
+        at = self._at
+        at[config_id] = n
         probing = self._probe.get(key)
         if probing is not None:
             probed, left = probing
@@ -137,11 +142,10 @@ class Variants:
             del self._probe[key]
         else:
             probed = None
-            seen = self._seen.get(key)
-            if seen is not None and seen + 1 < RECHECK_CALLS:
-                self._seen[key] = seen + 1
+            checked = self._checked.get(key)
+            if checked is not None and n - checked < RECHECK_CALLS:
                 return
-        self._seen[key] = 0
+        self._checked[key] = n
         old = self._active[key]
         recent = self._recent
 
@@ -157,11 +161,11 @@ class Variants:
             # the probe fits too)
             due = [v for v in group if v is not old and self._need_mb(v) <= self._need_mb(old)
                    and ((len(recent[v.id]) < 3 and speed(v) < speed(old))
-                        or (since[v.id] >= PROBE_CALLS
+                        or (n - at[v.id] >= PROBE_CALLS
                             and speed(v) < PROBE_WITHIN * speed(old)))]
             for v in group:
-                if since[v.id] >= PROBE_CALLS:
-                    since[v.id] = 0  # probed now, or not worth it, for another while
+                if n - at[v.id] >= PROBE_CALLS:
+                    at[v.id] = n  # probed now, or not worth it, for another while
             if due:
                 self._probe[key] = (old, RECENT)
                 return self._set_active(key, old, min(due, key=speed))

@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 Logits = npt.NDArray[np.float32]
 
 
-
 class Executor:
     # What EdgeModel sets (declared for the checker; no class attributes at run time).
     manifest: Manifest
@@ -164,7 +163,8 @@ class Executor:
             return False
         return all(self.policy.fits_memory(c, budget) for c in configs)
 
-    def _learn(self, times: list[tuple[Configuration, float]], total: float, built: float, n: int = 1) -> None:
+    def _learn(self, times: list[tuple[Configuration, float]], total: float, built: float,
+               n: int = 1) -> None:
         """Observe each stage's end-to-end share: its own time plus the call's fixed part
         (input checks, planning), without building/resizing time."""
         fixed = max(total - built - sum(t for _, t in times), 0.0)
@@ -193,7 +193,7 @@ class Executor:
 
     def _width_config(self, width: object, config_id: object) -> str:
         """The id of the point configuration that answers for ``width`` now: its precision
-        variant predicted fastest (edge_sdk.policy.variants). ConfigError for a width the
+        variant judged fastest (edge_sdk.policy.variants). ConfigError for a width the
         bundle has no point configuration of, or with ``config_id`` given too."""
         if config_id is not None:
             raise ConfigError("pass config_id or width, not both (config_id pins one "
@@ -363,5 +363,5 @@ class Executor:
         if self._unc is None or c.id not in self._unc_width:
             return None
         it = interps[0][0]
-        f: npt.NDArray[np.float32] = it.get_tensor(self._feature_index(c, it)).reshape(n, -1).copy()
-        return f
+        f: npt.NDArray[np.float32] = it.get_tensor(self._feature_index(c, it))
+        return f.reshape(n, -1).copy()

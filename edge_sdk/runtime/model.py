@@ -187,7 +187,7 @@ class EdgeModel(BatchExecutor, Residency):
         the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
         letting the policy choose; its ``budget_met`` is still judged against the budget and
         strict mode still raises when it is predicted not to fit. ``width`` pins the width's
-        point network and leaves its precision to the policy (the variant predicted fastest).
+        point network and leaves its precision to the policy (the variant judged fastest).
         ``alpha``: this call's conformal miscoverage (None: the model's, ``load(alpha=0.1)``)."""
         t0 = self._clock()
         budget = self._budget if budget is None else check_budget(budget)

@@ -76,7 +76,7 @@ def activation_tensors(graph: Graph) -> list[str]:
             raise ConfigError(f"op {o.op} ({o.outputs[0]!r}) has no integer kernel here; "
                               f"integer slices hold {', '.join(sorted(INTEGER_OPS))}: export "
                               "this network with float precision only")
-        if o.op in ("ADD",) and o.options.get("scalar") is not None:
+        if o.op == "ADD" and o.options.get("scalar") is not None:
             raise ConfigError(f"op ADD ({o.outputs[0]!r}) with a scalar operand has no integer "
                               "form here: export this network with float precision only")
         out.append(o.outputs[0])
@@ -106,8 +106,7 @@ def _groups(graph: Graph) -> dict[str, str]:
 
     for o in graph.ops:
         if o.op in SAME_QUANT:
-            ins = [o.inputs[0]] if o.op != "CONCATENATION" else \
-                [i for i in o.inputs if i is not None]
+            ins = o.inputs if o.op == "CONCATENATION" else o.inputs[:1]
             for i in ins:
                 if i is not None and not _is_constant(graph, i):
                     parent[find(i)] = find(o.outputs[0])
@@ -194,7 +193,7 @@ def integer_graph(graph: Graph, weights: Weights, quant: Mapping[str, ActQuant]
         out = o.outputs[0]
         tensors.append(act(out, by_name[out].shape))
         ops.append(Op(o.op, [n if n is None or n in consts else ref(n) for n in ins],
-                      [ref(out) or out], dict(o.options)))
+                      [rename.get(out, out)], dict(o.options)))
         if o.op in SAME_QUANT:
             for i in [n for n in ins if n is not None]:
                 if quant[i] != quant[out]:

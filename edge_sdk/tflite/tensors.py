@@ -16,6 +16,7 @@ DTYPES = ("float32", "int8", "int32", "uint8")  # uint8: a raw image input (CAST
 # (CONV_2D / FULLY_CONNECTED filters: 0, the output channel; DEPTHWISE_CONV_2D [1, kh, kw, C]: 3)
 QUANT_AXIS = {"conv": 0, "depthwise": 3, "linear": 0}
 
+
 @dataclass(frozen=True)
 class Quantization:
     """``real = scale[c] * (q - zero_point[c])`` along ``axis`` (TFLite schema

@@ -1,7 +1,7 @@
 """Precision as part of a configuration: a store bundle whose point slices come in float,
 dynamic-range and int8 kernels (schema version 7), materialised on the device byte for byte as
 exported, answering alike; the policy treats a network's equivalent variants as one choice and
-answers with the one predicted fastest; a width pinned without its precision gets that one."""
+answers with the one judged fastest; a width pinned without its precision gets that one."""
 from __future__ import annotations
 
 import shutil
