@@ -43,9 +43,10 @@ def read_manifest(bundle: Path) -> dict:
     # version 5 adds `uncertainty` (uncertainty.bin, read by read_uncertainty below);
     # version 6 adds `input_stats` (the training split's raw statistics, input_suspect below);
     # version 7 adds integer configurations (`weights: int8`): their .tflite files take and
-    # give float32 like every other (QUANTIZE and DEQUANTIZE inside), so they run as is
-    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6, 7):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-7")
+    # give float32 like every other (QUANTIZE and DEQUANTIZE inside), so they run as is;
+    # version 8 adds a cascade plan per target accuracy, which one slice alone does not need
+    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6, 7, 8):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-8")
     if manifest.get("layout", "files") != "files":
         raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
                          f"write them with `edge-sdk materialize {bundle} --out DIR`")
@@ -178,7 +179,8 @@ def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95",
             inside = score <= index["widths"][wk]["threshold"]
         q = index["configs"][config["id"]]["lac"][index["alphas"].index(0.1)]
         q = math.inf if q is None else q  # None: every class
-        pset = [i for i, v in enumerate(p.tolist()) if v >= 1.0 - q]
+        # LAC, plus the label itself: every set holds the answer (docs/uncertainty.md)
+        pset = [i for i, v in enumerate(p.tolist()) if v >= 1.0 - q or i == label]
     return {
         "label": label, "class_name": manifest["labels"][label],
         "probs": [float(v) for v in p], "confidence": confidence,

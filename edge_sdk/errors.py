@@ -11,7 +11,12 @@ class EdgeSdkError(Exception):
 
 
 class ConfigError(EdgeSdkError, ValueError):
-    """A configuration key, type or value is not allowed."""
+    """A configuration key, type or value is not allowed: also every invalid value of an
+    argument of ``edge_sdk.load()`` (one type per argument, whatever is wrong with the value;
+    :class:`ProfileError` and :class:`SigningKeyError`, named for what ``profile`` and
+    ``trusted_keys`` point at, are ConfigErrors too). A per-call budget is a
+    :class:`BudgetError`; what a valid argument points at can still be broken (the bundle:
+    :class:`BundleError`; a backend not installed: ``BackendError``)."""
 
 
 class DataError(EdgeSdkError, ValueError):
@@ -49,8 +54,9 @@ class BudgetNotMetError(BudgetError):
     code 3, where an invalid budget is 2). Names the shortfall: milliseconds or megabytes."""
 
 
-class ProfileError(EdgeSdkError, ValueError):
-    """A device profile is missing, malformed or fails its schema."""
+class ProfileError(ConfigError):
+    """A device profile is missing, malformed or fails its schema (``load(profile=...)``'s
+    argument: a ConfigError, as every bad load() argument)."""
 
 
 class SliceError(BundleError):
@@ -86,9 +92,10 @@ class ChecksumMismatchError(BundleError):
     for a signed bundle, after signing)."""
 
 
-class SigningKeyError(EdgeSdkError, ValueError):
+class SigningKeyError(ConfigError):
     """A signing or trusted key is missing, unreadable, or not an Ed25519 PEM key of the
-    expected kind (private: PKCS#8; public: SubjectPublicKeyInfo)."""
+    expected kind (private: PKCS#8; public: SubjectPublicKeyInfo). ``load(trusted_keys=...)``'s
+    argument: a ConfigError, as every bad load() argument."""
 
 
 class SigningUnavailableError(EdgeSdkError):

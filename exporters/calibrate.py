@@ -114,24 +114,42 @@ def confidence_thresholds(probs: np.ndarray, labels: np.ndarray,
 
 
 def cascade_threshold(probs: np.ndarray, wider_probs: np.ndarray, labels: np.ndarray,
-                      max_loss: float) -> dict[str, float | None]:
+                      max_loss: float, targets: Sequence[float] = (0.9, 0.95, 0.99)) -> dict:
     """Plan for a two-stage cascade "answer with this configuration when confident, else run
     the wider one", fitted on validation: the lowest confidence threshold (largest coverage) at
     which answering the confident samples here instead of with the wider configuration costs at
-    most ``max_loss`` accuracy over the whole set. A target-accuracy threshold cannot promise
-    this: the narrow network's confident samples are the easy ones, on which the wide network
-    is better still (measured on Fashion-MNIST: climbing from width 0.25 at its 0.95-accuracy
-    threshold lost 1.55 pt against always running width 1.0)."""
+    most ``max_loss`` accuracy over the whole set. A target-accuracy threshold of the first
+    stage alone cannot promise this: the narrow network's confident samples are the easy ones,
+    on which the wide network is better still (measured on Fashion-MNIST: climbing from width
+    0.25 at its 0.95-accuracy threshold lost 1.55 pt against always running width 1.0).
+
+    ``targets``: one plan per target accuracy of the cascade's answers (``load(policy=
+    "cascade", target_accuracy=t)``): the lowest threshold at which the cascade's validation
+    accuracy is at least ``t``, never giving up more than ``max_loss`` when the wider
+    configuration itself does not reach ``t``: the accuracy it may give up is
+    ``max(acc_wider - t, max_loss)``. A lax target lets the first stage answer more; a
+    target whose plan is the ``max_loss`` one is left out of ``targets`` (bytes)."""
     probs, wider_probs, labels = (np.asarray(a) for a in (probs, wider_probs, labels))
     conf = probs.max(1)  # both curves cut at this configuration's confidences
     here = M.risk_coverage(conf, probs.argmax(1) == labels)
     there = M.risk_coverage(conf, wider_probs.argmax(1) == labels)
     # accuracy given up over the whole set by answering the accepted samples here
     loss = (there.correct_count - here.correct_count) / len(labels)
-    ok = np.nonzero(loss <= max_loss + 1e-12)[0]
-    if not len(ok):
-        return {"threshold": None, "coverage": 0.0, "max_loss": float(max_loss)}
-    k = int(ok[-1])
-    # coverage only weighs the plan's expected latency: 4 significant digits
-    return {"threshold": short_threshold(here, k), "coverage": float(f"{here.coverage[k]:.4g}"),
-            "max_loss": float(max_loss)}
+    acc_wider = float((wider_probs.argmax(1) == labels).mean())
+
+    def cut(allowed: float) -> tuple[float | None, float]:
+        ok = np.nonzero(loss <= allowed + 1e-12)[0]
+        if not len(ok):
+            return None, 0.0
+        k = int(ok[-1])
+        # coverage only weighs the plan's expected latency: 4 significant digits
+        return short_threshold(here, k), float(f"{here.coverage[k]:.4g}")
+
+    threshold, coverage = cut(max_loss)
+    per_target = {}
+    for t in targets:
+        th, cov = cut(max(acc_wider - t, max_loss))
+        if th != threshold:  # a target not listed plans at the plan's own threshold
+            per_target[f"{t:g}"] = {"threshold": th, "coverage": cov}
+    plan = {"threshold": threshold, "coverage": coverage, "max_loss": float(max_loss)}
+    return {**plan, "targets": per_target} if per_target else plan

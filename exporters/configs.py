@@ -147,7 +147,7 @@ class Configurations:
         for c in self.records:
             c["cascade"] = {
                 o["id"]: cascade_threshold(self.val_probs[c["id"]], self.val_probs[o["id"]],
-                                           self.ev.val_y, max_loss)
+                                           self.ev.val_y, max_loss, self.targets)
                 for o in self.records if o["scope"] == c["scope"] and
                 o["samples"] == c["samples"] and o["weights"] == c["weights"]
                 and o["width"] > c["width"]}

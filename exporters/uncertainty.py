@@ -32,7 +32,7 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
 from edge_sdk.answers import metrics as M
-from edge_sdk.answers.conformal import METHODS, calibrate, class_scores
+from edge_sdk.answers.conformal import METHODS, add_top, calibrate, class_scores
 from edge_sdk.errors import ConfigError
 from edge_sdk.answers.ood import l2_normalise
 from edge_sdk.store import Store, compress_store, encode_store
@@ -96,6 +96,7 @@ def _quantiles(probs: np.ndarray, labels: np.ndarray) -> dict[str, list[float | 
 def _coverage(probs: np.ndarray, labels: np.ndarray, q: float | None, method: str) -> dict:
     q = math.inf if q is None else q
     mask = class_scores(probs, method, RAPS["lam"], RAPS["k_reg"]) <= q
+    add_top(mask, probs.argmax(1))  # the non-empty rule, as the runtime's sets
     hit = mask[np.arange(len(labels)), labels]
     per_class = [float(hit[labels == c].mean()) for c in np.unique(labels)]
     return {"coverage": float(f"{hit.mean():.4g}"), "mean_size": float(f"{mask.sum(1).mean():.4g}"),
@@ -167,13 +168,18 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
             + (f", OOD AUROC {row['ood']['auroc']:.3f}" if "ood" in row else ""))
     for r in records:
         index["configs"][r["id"]] = _quantiles(val_probs[r["id"]], ev.val_y)
-        for target, plan in r.get("cascade", {}).items():
-            thr = plan.get("threshold")
-            if thr is None:
-                continue
-            p1, p2 = val_probs[r["id"]], val_probs[target]
-            mixed = np.where((p1.max(1) >= thr)[:, None], p1, p2)
-            index["cascades"][cascade_key(r["id"], target)] = _quantiles(mixed, ev.val_y)
+        for wider, plan in r.get("cascade", {}).items():
+            p1, p2 = val_probs[r["id"]], val_probs[wider]
+            # the plan's own threshold, and each target accuracy's (the mixture differs)
+            for key, thr in [(cascade_key(r["id"], wider), plan.get("threshold"))] + [
+                    (cascade_key(r["id"], wider, t), e["threshold"])
+                    for t, e in plan.get("targets", {}).items()
+                    # the plan's own threshold: its quantiles serve (the runtime falls back)
+                    if e["threshold"] != plan.get("threshold")]:
+                if thr is None:
+                    continue
+                mixed = np.where((p1.max(1) >= thr)[:, None], p1, p2)
+                index["cascades"][key] = _quantiles(mixed, ev.val_y)
     # deflated (the container's version 2) when smaller, as the weight store: the int8 codes
     # of unit vectors are far from random bytes (cifar10_dev: 326,960 -> 214,015 B)
     plain = encode_store(Store(index, arrays))

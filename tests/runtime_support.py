@@ -31,3 +31,13 @@ def invoke_clock(m: runtime.EdgeModel, step_ms: float) -> runtime.EdgeModel:
             it.invoke = invoke
     m._clock = clock
     return m
+
+
+def without_cascade_targets(data: dict) -> dict:
+    """A manifest dict (``Manifest.to_dict()``) without schema version 8's per-target cascade
+    plans, in place: what a test that rewrites a bundle as an older version removes."""
+    for c in data.get("configurations", []):
+        for e in (c.get("cascade") or {}).values():
+            if isinstance(e, dict):
+                e.pop("targets", None)
+    return data

@@ -16,7 +16,18 @@ Scores (one per candidate label, smaller = more conforming):
   sets are much larger on confident models (benchmarks/results/ood_scores_conformal_*.md).
 - ``raps`` (Angelopoulos et al. 2021): APS + ``lam * max(0, rank(y) - k_reg)`` (rank 1-based),
   which penalises long tails of unlikely classes.
-"""
+
+The non-empty rule (on by default: ``nonempty=True``; RAPS's reference code does the same,
+``allow_zero_sets=False``): every set also holds the top class (the first maximum of the
+probabilities, the answer's label). A plain LAC set is empty when even the top class is less
+conforming than the quantile, which on a confident model is a *right* answer at 0.997 whenever
+90 % of the validation answers were surer: reading that as "nothing is plausible" would throw
+away answers that are right 99.7 % of the time. The rule only adds a class, so coverage can only
+rise (it stays >= 1 - alpha; the upper bound 1 - alpha + 1 / (n + 1) no longer holds). It
+changes nothing else: every score above is non-decreasing in the class's rank (LAC: 1 - p; APS /
+RAPS: mass ranked at or above, plus a penalty non-decreasing in the rank; the randomised APS
+too, U being one draw per sample), so a non-empty set already holds the top class and the rule
+turns exactly the empty sets into ``{top}``: the mean size grows by the share of empty sets. """
 from __future__ import annotations
 
 import math
@@ -26,9 +37,26 @@ from numpy.typing import ArrayLike, NDArray
 
 from edge_sdk.errors import InputError
 
-__all__ = ["METHODS", "calibrate", "class_scores", "label_scores", "prediction_sets"]
+__all__ = ["METHODS", "add_top", "calibrate", "class_scores", "label_scores", "prediction_sets",
+           "real_number"]
 
 METHODS = ("lac", "aps", "raps")
+
+
+def real_number(v: object) -> float | None:
+    """``v`` as a float when it is a real number: a Python int or float, or a numpy integer or
+    floating scalar (``np.float32(0.1)``, what ``arr.mean()`` and friends hand back); None
+    otherwise, and for bools (``True`` is an int in Python, never a rate). A numpy float
+    narrower than 64 bits is read as the shortest decimal that rounds to it (``str``):
+    ``np.float32(0.01)`` is 0.0099999998 as a double, below the grid's 0.01, yet the caller wrote
+    0.01, and ``ceil((n + 1)(1 - alpha))`` must not move by a float32 rounding either."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    if isinstance(v, np.floating) and v.dtype.itemsize < 8:
+        return float(str(v))
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        return float(v)
+    return None
 
 
 def _probs(probs: ArrayLike) -> NDArray[np.float64]:
@@ -92,18 +120,38 @@ def label_scores(probs: ArrayLike, labels: ArrayLike, method: str = "lac", lam: 
 def calibrate(probs: ArrayLike, labels: ArrayLike, alpha: float = 0.1, method: str = "lac",
               lam: float = 0.01, k_reg: int = 5, rng: np.random.Generator | None = None) -> float:
     """The conformal quantile: the ceil((n + 1)(1 - alpha))-th smallest calibration score
-    (``inf`` when that exceeds n: then every set is every class)."""
-    if not (isinstance(alpha, (float, int)) and 0.0 < alpha < 1.0):
-        raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
+    (``inf`` when that exceeds n: then every set is every class). ``alpha``: a Python or numpy
+    real in (0, 1) (:func:`real_number`; a bool is refused)."""
+    a = real_number(alpha)
+    if a is None or not 0.0 < a < 1.0:
+        raise InputError(f"alpha must be a number in (0, 1), got {alpha!r}")
+    alpha = a
     s = np.sort(label_scores(probs, labels, method, lam, k_reg, rng))
     k = math.ceil((len(s) + 1) * (1.0 - alpha))
     return float("inf") if k > len(s) else float(s[k - 1])
 
 
 def prediction_sets(probs: ArrayLike, qhat: float, method: str = "lac", lam: float = 0.01,
-                    k_reg: int = 5, rng: np.random.Generator | None = None) -> NDArray[np.bool_]:
-    """[N, C] boolean mask: class c is in sample n's set iff its score <= ``qhat``."""
-    if not isinstance(qhat, (float, int)) or math.isnan(qhat):
+                    k_reg: int = 5, rng: np.random.Generator | None = None, *,
+                    nonempty: bool = True) -> NDArray[np.bool_]:
+    """[N, C] boolean mask: class c is in sample n's set iff its score <= ``qhat``, or (the
+    non-empty rule, ``nonempty=True``: the module docstring) c is the sample's top class, the
+    first maximum of its probabilities. ``nonempty=False``: the textbook set, possibly empty."""
+    if isinstance(qhat, (bool, np.bool_)) or \
+            not isinstance(qhat, (int, float, np.integer, np.floating)) or math.isnan(qhat):
         raise InputError(f"qhat must be a number (from calibrate), got {qhat!r}")
+    q = float(qhat)  # as stored: a quantile is a score, not a decimal someone typed
+    if not isinstance(nonempty, (bool, np.bool_)):
+        raise InputError(f"nonempty must be True or False, got {nonempty!r}")
     n = np.shape(probs)[0] if np.ndim(probs) == 2 else 0
-    return class_scores(probs, method, lam, k_reg, _uniforms(rng, n)) <= qhat
+    mask = class_scores(probs, method, lam, k_reg, _uniforms(rng, n)) <= q
+    if nonempty:
+        add_top(mask, np.asarray(probs).argmax(1))
+    return mask
+
+
+def add_top(mask: NDArray[np.bool_], top: ArrayLike) -> NDArray[np.bool_]:
+    """The non-empty rule in place: ``mask[i, top[i]] = True`` for every row (one fancy-index
+    store, no Python loop; the runtime's batch path calls it). Returns ``mask``."""
+    mask[np.arange(mask.shape[0]), np.asarray(top, np.intp)] = True
+    return mask

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, overload
 
 import numpy as np
 
+from edge_sdk.answers.batch_call import BatchCall
 from edge_sdk.answers.maths import (BatchProbs, Lazy, _readonly, batch_entropy,
                                    batch_probabilities, probabilities)
 
@@ -210,23 +211,40 @@ def finish(d: Draft[list[float]] | Draft[np.ndarray], labels: Sequence[str], tar
                   d.prediction_set, d.input_suspect)
 
 
-class BatchPrediction(Sequence[Prediction]):
+class BatchPrediction(BatchCall, Sequence[Prediction]):
     """What ``predict_batch`` answers: the batch as read-only numpy arrays, as LiteRT and
-    torch-uncertainty hand them back — ``labels [N]``, ``confidence [N]``, ``probs [N, C]``,
-    ``abstain [N]``, ``entropy [N]``, ``mutual_info [N]``, and (None without the statistics
-    they need) ``ood_score [N]``, ``in_distribution [N]``, ``prediction_sets [N, C]``
-    (boolean mask) and ``input_suspect [N]`` — and a sequence of :class:`Prediction`
-    (indexing, iterating and ``len`` work as on the list it used to be). The per-sample
-    :class:`Prediction` objects are made on first use (making 64 of them cost more
-    than a small batched invoke)."""
+    torch-uncertainty hand them back — ``labels [N]``, ``confidence [N]``, ``probs [N, C]``
+    (float64), ``abstain [N]``, ``entropy [N]``, ``mutual_info [N]``, ``config_ids [N]``
+    (who answered each sample), and (None without the statistics they need) ``ood_score
+    [N]``, ``in_distribution [N]``, ``prediction_sets [N, C]`` (boolean mask) and
+    ``input_suspect [N]`` — the call's own ``latency_ms`` (the whole ``predict_batch``
+    call), ``invoke_ms`` and ``budget_met``, its ``config_id``, and a sequence of
+    :class:`Prediction` (indexing, iterating and ``len`` work as on the list it used to be;
+    a slice is a BatchPrediction of those samples). The per-sample :class:`Prediction`
+    objects are made on first use (making 64 of them cost more than a small batched invoke).
 
-    def __init__(self, preds: list[Prediction], classes: int):
+    ``config_id`` is one id for the batch: the configuration that answered every sample,
+    or, where a cascade's stages shared the batch, the last stage that ran (its final
+    configuration, which answered the samples the earlier stages were unsure of);
+    ``config_ids`` says which answered each sample. ``stage_ids``: the call's plan, its
+    configurations in stage order (one for the ``best`` policy). The call's half lives in
+    :class:`edge_sdk.answers.batch_call.BatchCall`."""
+
+    def __init__(self, preds: list[Prediction], classes: int,
+                 stage_ids: Sequence[str] = ()):
         """From per-sample predictions (a cascade's batch, whose samples differ in who
-        answered)."""
+        answered; ``stage_ids``: the plan's configurations in stage order, which
+        ``config_id`` needs when more than one answered)."""
         self._preds: list[Prediction] | None = list(preds)
         self._make: Callable[[int], Prediction] | None = None
         ps = self._preds
         n = self._n = len(ps)
+        # the call's figures, which every prediction of it carries
+        if ps:
+            self._call(ps[0].latency_ms, ps[0].invoke_ms, ps[0].budget_met, tuple(stage_ids),
+                       None)
+        else:
+            self._call(0.0, 0.0, True, tuple(stage_ids), None)
         self.labels = _readonly(np.fromiter((p.label for p in ps), np.int64, n))
         self.confidence = _readonly(np.fromiter((p.confidence for p in ps), np.float64, n))
         self.probs = _readonly(np.asarray([p.probs for p in ps], np.float64)
@@ -261,6 +279,7 @@ class BatchPrediction(Sequence[Prediction]):
         self = cls.__new__(cls)
         self._preds, self._bp = None, bp
         self._n = n = len(bp.labels)
+        self._call(latency_ms, invoke_ms, met, (c.id,), c.id)
         self.labels, self.confidence, self.probs = bp.labels, bp.confidence, bp.probs
         self.abstain = _readonly(abstain)
         self._entropy = self._mi = None
@@ -295,26 +314,30 @@ class BatchPrediction(Sequence[Prediction]):
 
     def _entropies(self) -> tuple[np.ndarray, np.ndarray]:
         entropy, mi = self._entropy, self._mi
-        if entropy is None or mi is None:  # of_one's batch: from its BatchProbs
-            bp = self._bp
-            assert bp is not None  # (set by of_one, the only place these start as None)
-            entropy, mi = map(_readonly, batch_entropy(bp))
+        if entropy is None or mi is None:
+            if self._src is not None:  # a slice: the batch's, computed once for all of it
+                whole, s = self._src
+                entropy, mi = (a[s] for a in whole._entropies())
+            else:  # of_one's batch: from its BatchProbs
+                bp = self._bp
+                assert bp is not None  # (set by of_one, the only other place these are None)
+                entropy, mi = map(_readonly, batch_entropy(bp))
             self._entropy, self._mi = entropy, mi
         return entropy, mi
 
     def _list(self) -> list[Prediction]:
-        if self._preds is None:
-            make = self._make
-            assert make is not None  # (of_one sets it with _preds None)
-            self._preds = [make(i) for i in range(self._n)]
-        return self._preds
+        return super()._list()
 
     @overload
     def __getitem__(self, i: int) -> Prediction: ...
     @overload
-    def __getitem__(self, i: slice) -> list[Prediction]: ...
-    def __getitem__(self, i: int | slice) -> Prediction | list[Prediction]:
-        return self._list()[i]
+    def __getitem__(self, i: slice) -> BatchPrediction: ...
+    def __getitem__(self, i: int | slice) -> Prediction | BatchPrediction:
+        if isinstance(i, slice):  # a batch of those samples, as numpy slices an array
+            out: BatchPrediction = self._slice(i)
+            return out
+        p: Prediction = self._list()[i]
+        return p
 
     def __iter__(self) -> Iterator[Prediction]:
         return iter(self._list())
@@ -340,4 +363,6 @@ class BatchPrediction(Sequence[Prediction]):
         return list(other) + self._list()
 
     def __repr__(self) -> str:
-        return f"BatchPrediction(n={self._n}, labels={self.labels.tolist()!r})"
+        return (f"BatchPrediction(n={self._n}, config_id={self.config_id!r}, "
+                f"labels={self.labels.tolist()!r})")
+

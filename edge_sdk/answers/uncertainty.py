@@ -23,7 +23,9 @@ configurations), split-conformal quantiles ``qhat`` of the validation scores for
 (``lac``, ``aps``, ``raps``; :mod:`edge_sdk.answers.conformal`) and each ``alpha`` of a fixed grid
 (``alphas``; ``null`` = the quantile is beyond the calibration set: every class). A requested
 alpha between grid points uses the largest grid alpha below it, so coverage stays >= 1 - alpha
-(conservative, never optimistic).
+(conservative, never optimistic); an alpha outside the grid's range is refused
+(:func:`check_alpha`). Every set holds the answer's label (the non-empty rule,
+:mod:`edge_sdk.answers.conformal`).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edge_sdk.answers.conformal import METHODS, class_scores
+from edge_sdk.answers.conformal import METHODS, add_top, class_scores, real_number
 from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.store.container import decode_store
 
@@ -59,19 +61,32 @@ def decode_bank(codes: npt.NDArray[np.int8]) -> npt.NDArray[np.float32]:
     return np.ascontiguousarray(rows / np.maximum(norms, 1e-12)[:, None])
 
 
-def cascade_key(first: str, second: str) -> str:
-    """The key of a two-stage plan's quantiles: ``first>second``."""
-    return f"{first}>{second}"
+def cascade_key(first: str, second: str, target: str | None = None) -> str:
+    """The key of a two-stage plan's quantiles: ``first>second``, and ``first>second@0.9``
+    for its plan for one target accuracy (schema version 8), whose threshold mixes the two
+    answers differently."""
+    return f"{first}>{second}" if target is None else f"{first}>{second}@{target}"
 
 
 def check_alpha(alpha: object, what: str = "alpha") -> float:
-    """``alpha`` as a float in [min grid, 1); ConfigError naming the grid otherwise."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
-            not math.isfinite(alpha) or not ALPHAS[0] <= alpha < 1:
-        raise ConfigError(f"{what} must be a miscoverage rate in [{ALPHAS[0]}, 1) (the "
-                          f"prediction sets' coverage is 1 - {what}; calibrated at "
-                          f"{', '.join(map(str, ALPHAS))}), got {alpha!r}")
-    return float(alpha)
+    """``alpha`` as a float in the grid's range [ALPHAS[0], ALPHAS[-1]]: a Python or numpy real
+    (``np.float32(0.1)`` is 0.1: :func:`edge_sdk.answers.conformal.real_number`), not a bool;
+    ConfigError naming the grid otherwise.
+
+    Outside the grid it is refused, neither capped nor extrapolated. Capping (what qhat did
+    in earlier versions: 0.7 answered at 0.5) silently hands back sets sized for another coverage
+    than the one asked for. Extrapolating has nothing to stand on: beyond 0.5 no quantile was
+    calibrated, and below 0.01 a validation split of a few hundred samples cannot reach one at
+    all (ceil((n + 1)(1 - alpha)) > n: every class). Interpolating between grid points would
+    not be the conformal quantile of any alpha either, so there the grid alpha below is used
+    (:meth:`Uncertainty.qhat`): coverage stays >= 1 - alpha, which an app can rely on."""
+    a = real_number(alpha)
+    if a is None or not math.isfinite(a) or not ALPHAS[0] <= a <= ALPHAS[-1]:
+        raise ConfigError(f"{what} must be a miscoverage rate in [{ALPHAS[0]}, {ALPHAS[-1]}], "
+                          f"the range of the bundle's calibrated grid ({', '.join(map(str, ALPHAS))}; "
+                          f"the prediction sets' coverage is 1 - {what}; one between grid points "
+                          f"uses the grid value below it), got {alpha!r}")
+    return a
 
 
 def _fail(where: str, why: str) -> BundleError:
@@ -191,28 +206,49 @@ class Uncertainty:
         return -float(sims[pos]) / max(math.sqrt(float(f @ f)), 1e-12)
 
     # ---- conformal sets ------------------------------------------------------------------
-    def qhat(self, key: str, method: str, alpha: float) -> float | None:
+    def qhat(self, key: str, method: str, alpha: object) -> float | None:
         """The calibrated quantile of ``key`` (a configuration id or :func:`cascade_key`) for
-        ``method`` at the largest grid alpha <= ``alpha``; None when ``key`` has none."""
+        ``method`` at the largest grid alpha <= ``alpha``; None when ``key`` has none.
+        ConfigError for an alpha outside the grid (:func:`check_alpha`: never capped). The
+        runtime caches the answer per (key, alpha), so the check is not per call."""
+        a = check_alpha(alpha)
         row = self.quantiles.get(key)
         if row is None:
             return None
-        i = max(j for j, a in enumerate(ALPHAS) if a <= alpha + 1e-12)
+        i = max(j for j, g in enumerate(ALPHAS) if g <= a + 1e-12)
         return row[method][i]
 
-    def set_mask(self, probs: npt.ArrayLike, qhat: float, method: str) -> npt.NDArray[np.bool_]:
-        """[N, C] boolean prediction-set mask of calibrated probabilities [N, C]."""
+    def set_mask(self, probs: npt.ArrayLike, qhat: float, method: str,
+                 top: npt.ArrayLike | None = None, *, nonempty: bool = True
+                 ) -> npt.NDArray[np.bool_]:
+        """[N, C] boolean prediction-set mask of calibrated probabilities [N, C], each row
+        holding its top class (the non-empty rule: :mod:`edge_sdk.answers.conformal`).
+        ``top``: the answers' labels [N] (None: the first maximum of each row, which is what
+        the runtime's labels are); ``nonempty=False``: the plain set, for analysis only."""
         p = np.asarray(probs, np.float64)
         if method == "lac":
-            return p >= 1.0 - qhat
-        lam, k_reg = self.raps
-        return class_scores(p, method, lam, k_reg) <= qhat
+            mask: npt.NDArray[np.bool_] = p >= 1.0 - qhat
+        else:
+            lam, k_reg = self.raps
+            mask = class_scores(p, method, lam, k_reg) <= qhat
+        if nonempty:  # one vectorised store; a row that had any class already had its top
+            add_top(mask, p.argmax(1) if top is None else top)
+        return mask
 
-    def set_one(self, probs: list[float], qhat: float, method: str) -> tuple[int, ...]:
-        """One sample's set, class indices in ascending order (LAC in plain Python: ten
-        classes cost less than a numpy round trip)."""
+    def set_one(self, probs: list[float], qhat: float, method: str, top: int | None = None
+                ) -> tuple[int, ...]:
+        """One sample's set with its top class ``top`` (the answer's label; None: the first
+        maximum), class indices in ascending order (LAC in plain Python: ten classes cost
+        less than a numpy round trip)."""
+        if top is None:
+            top = probs.index(max(probs))
         if method == "lac":
             cut = 1.0 - qhat
-            return tuple(i for i, p in enumerate(probs) if p >= cut)
-        return tuple(np.flatnonzero(self.set_mask(np.asarray([probs]), qhat, method)[0])
-                     .tolist())
+            s = tuple(i for i, p in enumerate(probs) if p >= cut)
+        else:
+            s = tuple(np.flatnonzero(self.set_mask(np.asarray([probs]), qhat, method,
+                                                   nonempty=False)[0]).tolist())
+        # the non-empty rule: a non-empty set already holds the top class (every score is
+        # monotone in the rank), so this is `s or (top,)` but exact even if a label ever
+        # differed from the first maximum
+        return s if top in s else tuple(sorted((*s, top)))

@@ -57,20 +57,52 @@ def _thresholds(value: object, path: str) -> dict[str, float | None]:
     return out
 
 
-def _cascade(value: object, path: str) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
-    for target, entry in mapping(value, path).items():
-        tp = key_path(path, target)
-        str_value(target, tp)
+def _cascade(value: object, path: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for wider, entry in mapping(value, path).items():
+        tp = key_path(path, wider)
+        str_value(wider, tp)
         e = mapping(entry, tp)
         want = {"threshold", "coverage", "max_loss"}
-        if set(e) != want:
-            fail(tp, f"expected keys {', '.join(sorted(want))}, got {', '.join(map(str, e))}")
-        out[str(target)] = {
+        if not want <= set(e) <= want | {"targets"}:
+            fail(tp, f"expected keys {', '.join(sorted(want))} and optionally targets, got "
+                     f"{', '.join(map(str, e))}")
+        plan: dict[str, Any] = {
             "threshold": optional_float(e["threshold"], join(tp, "threshold"), ge=0.0, le=1.0),
             "coverage": float_value(e["coverage"], join(tp, "coverage"), ge=0.0, le=1.0),
             "max_loss": float_value(e["max_loss"], join(tp, "max_loss"), ge=0.0, le=1.0)}
+        if "targets" in e:  # schema version 8: one plan per target accuracy of the cascade
+            targets: dict[str, dict[str, float | None]] = {}
+            for t, te in mapping(e["targets"], join(tp, "targets")).items():
+                ttp = key_path(join(tp, "targets"), t)
+                _thresholds({t: None}, join(tp, "targets"))  # the key: a target accuracy
+                te = mapping(te, ttp)
+                if set(te) != {"threshold", "coverage"}:
+                    fail(ttp, f"expected keys coverage, threshold, got "
+                              f"{', '.join(map(str, te))}")
+                targets[str(t)] = {
+                    "threshold": optional_float(te["threshold"], join(ttp, "threshold"),
+                                                ge=0.0, le=1.0),
+                    "coverage": float_value(te["coverage"], join(ttp, "coverage"),
+                                            ge=0.0, le=1.0)}
+            plan["targets"] = targets
+        out[str(wider)] = plan
     return out
+
+
+def cascade_plan(c: Configuration, wider: str, target: str
+                 ) -> tuple[float | None, float] | None:
+    """(threshold, coverage) of ``c``'s plan towards ``wider`` for the target accuracy
+    ``target`` (a key such as '0.95'): the target's own plan (schema version 8), else the
+    plan's one threshold (older bundles planned one per wider configuration, whatever the
+    target); None without a plan towards ``wider``."""
+    e = c.cascade.get(wider)
+    if e is None:
+        return None
+    t = e.get("targets", {}).get(target)
+    if t is not None:
+        return t["threshold"], t["coverage"]
+    return e["threshold"], e["coverage"]
 
 
 def _test_metrics(value: object, path: str) -> dict[str, dict[str, float]]:
@@ -109,8 +141,9 @@ class Configuration(_Record):
     # quantized
     weight_entropy_bits: float | None = None
     thresholds: dict[str, float | None]
-    # wider configuration id -> {threshold, coverage, max_loss}: see the module docstring
-    cascade: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # wider configuration id -> {threshold, coverage, max_loss, and (schema version 8)
+    # targets: {target accuracy: {threshold, coverage}}}: cascade_plan() reads it
+    cascade: dict[str, dict[str, Any]] = field(default_factory=dict)
     val_nll: float
     test: dict[str, dict[str, float]]
     latency_ms: float | None = None

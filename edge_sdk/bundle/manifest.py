@@ -352,6 +352,11 @@ class Manifest(_Record):
             if config.weights == "int8" and version < 7:
                 fail(f"{p}[{i}].weights", f"'int8' needs schema version 7 (a version-{version} "
                                           "bundle has float and dynamic-range slices only)")
+            if version < 8:
+                for w_id, e in config.cascade.items():
+                    if "targets" in e:
+                        fail(f"{p}[{i}].cascade.{w_id}.targets", f"needs schema version 8 "
+                             f"(a version-{version} bundle plans one threshold per cascade)")
             cp = f"{p}[{i}].materialize"
             if layout == "store" and config.materialize is None:
                 fail(cp, "missing: layout 'store' needs one recipe per file")

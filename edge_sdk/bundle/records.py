@@ -27,7 +27,7 @@ from edge_sdk.validation import (
     str_value,
 )
 
-SCHEMA_VERSION = 7  # what the exporter writes
+SCHEMA_VERSION = 8  # what the exporter writes
 # what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded,
 # 3 = bundle layouts (files | store: one weight store, slices materialised; docs/store.md),
 # 4 = version 3 whose store configurations and graphs may leave out what the reader derives
@@ -38,8 +38,10 @@ SCHEMA_VERSION = 7  # what the exporter writes
 # 5 plus ``input_stats`` (the training split's per-channel raw statistics; an older
 # bundle answers input_suspect None), 7 = version 6 plus integer configurations (weights
 # ``int8``: int8 kernels end to end) and, layout store, ``activation_quant``: the int8
-# activations' scale and zero point per width, which the device's materialiser reads
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# activations' scale and zero point per width, which the device's materialiser reads,
+# 8 = version 7 plus a cascade plan per target accuracy (``targets`` in a cascade entry; an
+# older bundle's one plan serves every target)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 MANIFEST_NAME = "manifest.yaml"
 SIGNATURE_NAME = MANIFEST_NAME + ".sig"  # a signed bundle's Ed25519 signature (docs/signing.md)
 FILE_SUFFIX = ".tflite"

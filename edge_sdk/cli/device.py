@@ -16,7 +16,9 @@ from edge_sdk.errors import ConfigError
 from edge_sdk.inputs.files import read_input
 
 if TYPE_CHECKING:
+    from edge_sdk.answers.prediction import Prediction
     from edge_sdk.bundle.input_spec import InputSpec
+    from edge_sdk.runtime.model import EdgeModel
 
 
 def _read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[Any]:
@@ -88,16 +90,56 @@ def run_main(argv: list[str]) -> int:
     model.warm_up(budget)
     preds = model.predict_batch(x, budget) if batch else [model.predict(x, budget)]
     for pr in preds:
-        if args.json:
-            print(json.dumps(pr.to_dict()))
-        else:
-            print(f"{pr.class_name}\tconfidence {pr.confidence:.4f}\tMI {pr.mutual_info:.5f}"
-                  f"\t{'ABSTAIN' if pr.abstain else 'ok'}\t{pr.config_id}\t{pr.latency_ms:.3f} ms"
-                  f" (invoke {pr.invoke_ms:.3f})\tbudget {'met' if pr.budget_met else 'MISSED'}")
+        print(json.dumps(pr.to_dict()) if args.json else plain_line(pr, model))
     if args.strict and not all(pr.budget_met for pr in preds):
         print("error: the budget was not met (strict mode)", file=sys.stderr)
         return 3
     return 0
+
+
+def plain_line(p: Prediction, model: EdgeModel) -> str:
+    """One answer as ``edge-sdk run`` prints it without --json, tab-separated: what --json
+    holds that a reader acts on. The class and its confidence; the mutual information only
+    where the configuration samples (a point network's is 0 by construction, so printing it
+    said nothing); ``ok`` or ``ABSTAIN`` with why (the confidence below the threshold for
+    the target accuracy, out of distribution, the raw input suspect); the OOD score and
+    flag; the prediction set (class names); ``INPUT SUSPECT`` when it is; then who
+    answered, the time and the budget."""
+    out = [p.class_name, f"confidence {p.confidence:.4f}"]
+    if p.samples > 1:
+        out.append(f"MI {p.mutual_info:.5f}")
+    why = abstain_reasons(p, model) if p.abstain else []
+    out.append("ok" if not p.abstain else f"ABSTAIN ({'; '.join(why)})" if why else "ABSTAIN")
+    if p.ood_score is not None:
+        out.append(f"ood {p.ood_score:.4f} " + ("in distribution" if p.in_distribution
+                                                 else "OUT OF DISTRIBUTION"))
+    if p.prediction_set is not None:
+        names = model.manifest.labels
+        out.append("set {" + ", ".join(names[i] for i in p.prediction_set) + "}")
+    if p.input_suspect:
+        out.append("INPUT SUSPECT (raw statistics unlike the training data's)")
+    out += [p.config_id, f"{p.latency_ms:.3f} ms (invoke {p.invoke_ms:.3f})",
+            f"budget {'met' if p.budget_met else 'MISSED'}"]
+    return "\t".join(out)
+
+
+def abstain_reasons(p: Prediction, model: EdgeModel) -> list[str]:
+    """Why ``p`` abstained, by the rule that made it (edge_sdk.answers.prediction.abstains):
+    its confidence below the threshold the bundle exported for the target accuracy (or no
+    threshold reaching it), and with ``abstain_on_ood`` the input out of distribution or its
+    raw statistics suspect."""
+    target = f"{model.target_accuracy:g}"
+    threshold = model.manifest.configuration(p.config_id).thresholds.get(target)
+    why = []
+    if threshold is None:
+        why.append(f"no confidence reaches target accuracy {target}")
+    elif p.confidence < threshold:
+        why.append(f"low confidence: below {threshold:g} for target accuracy {target}")
+    if model.abstain_on_ood and p.in_distribution is False:
+        why.append("out of distribution")
+    if model.abstain_on_ood and p.input_suspect:
+        why.append("input suspect")
+    return why
 
 
 def bench_input(spec: InputSpec, seed: int = 0) -> npt.NDArray[Any]:

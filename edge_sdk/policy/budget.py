@@ -18,22 +18,43 @@ MAX_LATENCY_MS = 86_400_000.0
 MAX_MEMORY_MB = float(2 ** 20)
 
 
-def bounded_number(v: object, what: str, maximum: float, unit: str) -> float:
-    """``v`` as a float in (0, maximum], or a BudgetError in one line (never OverflowError:
-    ``float(10**400)`` raises it, so the conversion is guarded)."""
-    bad = isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)
-    if not bad and isinstance(v, numbers.Real):  # (the second test narrows for the checker)
+def real_value(v: object) -> float | None:
+    """``v`` as a float when it is a real number: a Python int or float, or a numpy integer or
+    floating scalar (``np.float64(0.95)``, ``np.int64(50)``: what ``arr.mean()``, ``arr.max()``
+    and a YAML or JSON reader via numpy hand back); None for anything else, bools included
+    (``True`` is an int in Python and numpy's ``bool_`` is neither, yet neither is ever a
+    number of milliseconds, megabytes or a rate). A numpy float narrower than 64 bits is
+    read as the shortest decimal that rounds to it (``str``): ``np.float32(0.95)`` is
+    0.949999988 as a double, yet the caller wrote 0.95 (and the bundle's thresholds are keyed
+    by ``f"{0.95:g}"``). An int beyond float range is infinity (never OverflowError)."""
+    if type(v) is float:  # the common cases first, one type() test each
+        return v
+    if type(v) is int:
         try:
-            f = float(v)
-        except (OverflowError, ValueError, TypeError):
-            f = math.inf
-        if math.isnan(f) or f <= 0:
-            bad = True
-        elif f > maximum:
-            raise BudgetError(f"{what} must be at most {maximum:g} {unit}, got {_short(v)}")
-    if bad:
-        raise BudgetError(f"{what} must be a positive number of {unit} (at most {maximum:g}) or "
-                          f"None, got {type(v).__name__} {_short(v)}")
+            return float(v)
+        except OverflowError:  # 10**400
+            return math.inf if v > 0 else -math.inf
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        return None
+    if isinstance(v, np.floating) and v.dtype.itemsize < 8:
+        return float(str(v))
+    try:
+        return float(v)
+    except (OverflowError, ValueError, TypeError):  # a huge Integral of another kind
+        return math.inf
+
+
+def bounded_number(v: object, what: str, maximum: float, unit: str,
+                   error: type[Exception] = BudgetError) -> float:
+    """``v`` as a float in (0, maximum], or ``error`` (a BudgetError for a budget, a
+    ConfigError for a load() argument) in one line, never OverflowError. Python and numpy
+    numbers alike (:func:`real_value`); bools and strings refused."""
+    f = real_value(v)
+    if f is not None and f > maximum:
+        raise error(f"{what} must be at most {maximum:g} {unit}, got {_short(v)}")
+    if f is None or math.isnan(f) or f <= 0:
+        raise error(f"{what} must be a positive number of {unit} (at most {maximum:g}) or "
+                    f"None, got {type(v).__name__} {_short(v)}")
     return f
 
 
@@ -57,7 +78,7 @@ class Budget:
             v = getattr(self, name)
             if v is None:
                 continue
-            # numpy scalars welcome, stored as float
+            # numpy scalars welcome (np.float32(2) is 2.0), stored as float
             object.__setattr__(self, name, bounded_number(v, f"Budget.{name}", top, unit))
 
 

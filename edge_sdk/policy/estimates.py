@@ -41,6 +41,10 @@ class Estimates:
     _floor: dict[str, float]
     _candidates: tuple[float | None, float, list[Configuration]] | None
     _group: dict[str, tuple[Configuration, ...]]
+    _last2: dict[str | tuple[str, int], tuple[float, float]]
+    _batch_ratio: dict[int, float]
+    _forgotten_s: float
+    _forgotten_calls: float
 
     if TYPE_CHECKING:
         def _recheck(self, config_id: str, latency_ms: float) -> None: ...
@@ -67,8 +71,27 @@ class Estimates:
             one = self.prior_latency_ms(c) + self.overhead_ms(c)
         if n == 1:
             return one
-        m = self._measured.get(c.id)  # a batch never costs more than n single calls
-        return n * (one if m is None else self._blend(one, m[0], self._stale(m, self._clock())))
+        m = self._measured.get(c.id)
+        # n single calls, scaled by what batches of n measured against that on this device
+        # (any configuration's: one measured batch size informs the others' first choice)
+        return n * self._batch_ratio.get(n, 1.0) * (
+            one if m is None else self._blend(one, m[0], self._stale(m, self._clock())))
+
+    def _learn_batch(self, config_id: str, n: int, estimate_ms: float) -> None:
+        """Learn how a batch of ``n`` compares with n single calls (batch ratio) from a
+        configuration's estimate at ``n``; it sets the prior of the configurations not yet
+        measured at ``n`` (the first batch under a budget no longer assumes n single calls,
+        which missed budgets by 2x where the per-sample cost grows with the batch)."""
+        c = self._by_id.get(config_id)
+        if c is None:
+            return
+        single = self._end_to_end_prior(c, 1)
+        m = self._measured.get(config_id)
+        if m is not None:
+            single = self._blend(single, m[0], self._stale(m, self._clock()))
+        r = estimate_ms / (n * single)
+        old = self._batch_ratio.get(n)
+        self._batch_ratio[n] = r if old is None else 0.5 * (old + r)
 
     def _predicted(self, c: Configuration, now: float, n: int = 1) -> float:
         m = self._measured.get(c.id if n == 1 else (c.id, n))
@@ -116,46 +139,79 @@ class Estimates:
         return self.memory_need_mb(c) if need is None else need
 
     def observe(self, config_id: str, latency_ms: float, n: int = 1) -> None:
-        """Fold a measured end-to-end latency (of ``n`` samples) into the configuration's EWMA.
-        The older the previous estimate, the more the new measurement counts."""
+        """Fold a measured end-to-end latency (of ``n`` samples) into the configuration's
+        estimate. Robust input: the estimate follows the median of the last three
+        measurements, so one outlier (a first use the warm-up missed, a page fault, a GC
+        pause: 10-1000x a 0.1 ms call) never moves it, while a sustained change passes on its
+        second call. The first measurement is held; the second makes the estimate the median
+        of the prior and the two (an outlier test against the prior). Then an EWMA: the older
+        the previous estimate, the more the new measurement counts."""
         now = self._clock()
-        raw = latency_ms  # (the EWMA below may cap it)
+        raw = latency_ms
         key = config_id if n == 1 else (config_id, n)
         measured, calls = self._measured, self._calls
         old = measured.get(key)
-        if old is None:
-            new = latency_ms
+        last = self._last2.get(key)
+        if old is not None and (now - old[1] > self._forgotten_s
+                                or calls - old[2] > self._forgotten_calls):
+            # aged to the prior (weight > 0.999): measured afresh, as if never before
+            old = last = None
+            del measured[key]
+        self._last2[key] = (raw, raw) if last is None else (last[1], raw)
+        if last is None:  # held: the next measurement decides whether it was an outlier
+            new = None
         else:
-            pred, a = old[0], self.ewma
-            # _stale, _blend and _end_to_end_prior inline: this runs on every call;
-            # a fresh estimate (no decision made since, younger than Policy._fresh_s: pinned
-            # calls back to back) has aged less than min(1e-3, ewma), so it skips them
-            if now - old[1] >= self._fresh_s or old[2] != calls:
-                age = (now - old[1]) / self.half_life_s
-                if old[2] == calls - 1 and age <= self._one_call_age:
-                    stale = self._one_call_stale  # the one decision since outweighs the time
-                else:
-                    age = max(age, (calls - old[2]) / self.half_life_calls)
-                    stale = 1.0 - 0.5 ** age
-                if stale >= 1e-3 and config_id in self._by_id:
-                    prior = self._prior_e2e.get(config_id) if n == 1 else None
-                    if prior is None:
-                        prior = self._end_to_end_prior(self._by_id[config_id], n)
-                    pred = (1 - stale) * pred + stale * prior
-                if stale > a:
-                    a = stale
-            if a == self.ewma:
-                # a fresh estimate moves at most `ewma` of the way to `outlier` x itself per
-                # call: one preemption or GC pause (measured: 3-10x spikes at 0.1 ms) cannot
-                # push a configuration out of its budget, while a sustained 2x slowdown is
-                # still followed at the full EWMA rate
-                cap = self.outlier * pred
-                if latency_ms > cap:
-                    latency_ms = cap
-            new = (1 - a) * pred + a * latency_ms
-        measured[key] = (new, now, calls)
-        if n == 1 and new < self._floor.get(config_id, new):
-            self._floor[config_id] = new  # (a floor left lower than it could be is still one)
-            self._candidates = None
-        if n == 1 and config_id in self._group:  # a precision variant: still the fastest?
-            self._recheck(config_id, raw)
+            c = self._by_id.get(config_id)
+            prior = 0.0
+            if old is None:  # the prior stands in for the missing third measurement
+                a, b, stale, w = last[1], last[1], 0.0, 1.0
+                if c is not None:
+                    a = prior = self._end_to_end_prior(c, n)
+            else:
+                a, b = last
+                stale, w = 0.0, self.ewma
+                # _stale, _blend and _end_to_end_prior inline: this runs on every call;
+                # a fresh estimate (no decision made since, younger than Policy._fresh_s:
+                # pinned calls back to back) has aged less than min(1e-3, ewma), so it
+                # skips them
+                if now - old[1] >= self._fresh_s or old[2] != calls:
+                    age = (now - old[1]) / self.half_life_s
+                    if old[2] == calls - 1 and age <= self._one_call_age:
+                        stale = self._one_call_stale  # the one decision outweighs the time
+                    else:
+                        age = max(age, (calls - old[2]) / self.half_life_calls)
+                        stale = 1.0 - 0.5 ** age
+                    if stale > w:
+                        w = stale
+                    if stale < 1e-3 or c is None:
+                        stale = 0.0
+                    else:  # the estimate and the two measurements age toward the prior
+                        p1 = self._prior_e2e.get(config_id) if n == 1 else None
+                        prior = self._end_to_end_prior(c, n) if p1 is None else p1
+                        a = (1 - stale) * a + stale * prior
+                        b = (1 - stale) * b + stale * prior
+                        self._last2[key] = (b, raw)  # the aged companion, kept
+            if a > b:
+                a, b = b, a
+            latency_ms = a if raw < a else (b if raw > b else raw)  # the median of three
+            if old is None:
+                new = latency_ms
+            else:
+                pred = old[0] if stale == 0.0 else (1 - stale) * old[0] + stale * prior
+                if w == self.ewma:
+                    # a fresh estimate moves at most `ewma` of the way to `outlier` x
+                    # itself per call (two spikes in three calls pass the median), while a
+                    # sustained 2x slowdown is still followed at the full EWMA rate
+                    cap = self.outlier * pred
+                    if latency_ms > cap:
+                        latency_ms = cap
+                new = (1 - w) * pred + w * latency_ms
+            measured[key] = (new, now, calls)
+            if n > 1:
+                self._learn_batch(config_id, n, new)
+        if n == 1:
+            if new is not None and new < self._floor.get(config_id, new):
+                self._floor[config_id] = new  # (a floor left lower than it could be is one)
+                self._candidates = None
+            if config_id in self._group:  # a precision variant: still the fastest?
+                self._recheck(config_id, raw)

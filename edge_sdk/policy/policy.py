@@ -8,21 +8,22 @@ memory budget, the memory available right now and the runtime's ``memory_cap_mb`
 the fastest configuration that fits memory (else the smallest), flagged ``budget_met=False`` (or
 :class:`BudgetNotMetError` in strict mode, naming the shortfall in ms or MB).
 
-Predicted latency is an EWMA of end-to-end latencies measured on this device once there are any,
-else a prior plus the SDK's own overhead: the prior is the device profile's figure (a measured
+Predicted latency is an EWMA of end-to-end latencies measured on this device once there are any
+(fed the median of the last three, the first measurement held until a second confirms it:
+one outlier never moves an estimate), else a prior plus the SDK's own overhead: the prior is the device profile's figure (a measured
 profile's latency table, or a published profile's MACs-based estimate) when the runtime was given
 one, else the manifest's host-measured invoke latency, else a deliberately slow MACs-based
 fallback; the overhead (time outside the interpreter) is measured at load and then learned from
 every call. A measurement ages: with no new observation its weight halves every ``half_life_s``
 seconds or every ``half_life_calls`` decisions, whichever comes first, towards the prior, so a
 configuration measured slow during a transient is tried again later instead of being shunned for
-good; a fresh estimate clips a measurement at twice itself, so one preemption spike cannot push
-a configuration out of its budget. Hysteresis: while the configuration chosen last still fits, a
+good. Hysteresis: while the configuration chosen last still fits, a
 better one replaces it only if it fits with ``hysteresis`` (10 %) headroom below the budget.
 
 :meth:`Policy.plan` turns the choice into the stages the runtime executes: one stage for the
 ``best`` policy; for ``cascade``, a cheaper first stage that answers when confident enough (the
-exported plan, or a climb through the widths on the target-accuracy thresholds).
+exported plan for the target accuracy, or a climb through the widths on the target-accuracy
+thresholds).
 """
 from __future__ import annotations
 
@@ -96,10 +97,17 @@ class Policy(Estimates, Planner, Variants):
         # most one decision, it has aged by exactly that decision: this weight of the prior
         self._one_call_age = 1 / self.half_life_calls
         self._one_call_stale = 1.0 - 0.5 ** self._one_call_age
+        # an estimate older than ten half-lives weighs the prior over 0.999: observe()
+        # starts it afresh (the first measurement held against the prior, as at load)
+        self._forgotten_s = 10 * self.half_life_s
+        self._forgotten_calls = 10 * self.half_life_calls
         if mode not in MODES:
             raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode, self.target = mode, target
         self.climb_only = False  # cascade: ignore exported plans, climb on thresholds
+        # final configuration id -> its exported plans for this target accuracy, cheapest
+        # first (Planner._plans_into)
+        self._pairs: dict[str, list[tuple[float, Configuration, Configuration, float]]] = {}
         self.memory_cap_mb = memory_cap_mb
         self._calls = 0  # decisions made (choose), the second clock measurements age by
         self._priors = dict(priors or {})
@@ -109,6 +117,9 @@ class Policy(Estimates, Planner, Variants):
         # id (or (id, batch size)) -> (EWMA ms, when observed, decisions made by then)
         self._measured: dict[str | tuple[str, int], tuple[float, float, int]] = {}
         self.first_use_ms: dict[str, float] = {}  # creation + first invoke, kept out of the EWMA
+        # id (or (id, batch size)) -> its last two raw measurements (observe()'s median)
+        self._last2: dict[str | tuple[str, int], tuple[float, float]] = {}
+        self._batch_ratio: dict[int, float] = {}  # batch size -> measured / n single calls
         self._last: str | None = None
         self._single: dict[str, Stage] = {}  # call_stages' one-stage plans
         self.configs = configs

@@ -112,10 +112,11 @@ class Executor:
         return q
 
     def _uncertain(self, c: Configuration, probs: list[float], interps: list[Interp],
-                   key: str, alpha: float | None, probe: bool = False
+                   key: str, alpha: float | None, label: int, probe: bool = False
                    ) -> tuple[float | None, bool | None, tuple[int, ...] | None]:
         """(OOD score of the answering slice's features, in distribution, conformal set at
-        the quantile of ``key``: the configuration, or the cascade plan that answered).
+        the quantile of ``key``: the configuration, or the cascade plan that answered, always
+        holding ``label``, the answer: the non-empty rule of edge_sdk.answers.conformal).
         ``probe``: zero features, to measure the cost (load time)."""
         score: float | None = None
         ind: bool | None = None
@@ -135,7 +136,7 @@ class Executor:
             ind = score <= unc.widths[wk].threshold
         q = self._qhat(key, alpha)
         if q is not None:
-            pset = unc.set_one(probs, q, self.conformal)
+            pset = unc.set_one(probs, q, self.conformal, label)
         return score, ind, pset
 
     def _invoke(self, interps: list[Interp], x: npt.NDArray[Any]
@@ -249,7 +250,7 @@ class Executor:
                         pr, h, mi, lab, conf = probabilities(c, logits) if top is None \
                             else eager_fields(top)
                         # the score and the set: their own cost
-                        self._uncertain(c, pr, [], c.id, None, probe=True)
+                        self._uncertain(c, pr, [], c.id, None, lab, probe=True)
                         answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)
                     times.append(time.perf_counter() - t0)
                 by_shape[shape] = statistics.median(times) * 1e3
@@ -300,7 +301,7 @@ class Executor:
                 else:
                     probs, entropy, mi, label, conf = eager_fields(top)
                 if self._unc is not None:
-                    ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha)
+                    ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha, label)
             threshold = c.thresholds[self._target_key]
             abstain = threshold is None or conf < threshold or (self.abstain_on_ood and (
                 ind is False or suspect is True))  # prediction.abstains(), inline
@@ -335,7 +336,8 @@ class Executor:
                 break  # no room for the next stage: this stage's answer stands
         if self._unc is not None:
             d.ood_score, d.in_distribution, d.prediction_set = self._uncertain(
-                d.config, d.probs, interps, self._set_key(stages, d.config, cut), alpha)
+                d.config, d.probs, interps, self._set_key(stages, d.config, cut), alpha,
+                d.label)
         d.input_suspect = suspect
         total = (clock() - t0) * 1000
         self._learn(times, total, built)
@@ -352,9 +354,12 @@ class Executor:
         configuration's own quantile."""
         unc = self._unc
         if len(stages) == 2 and not cut and unc is not None:  # unc: asked only with statistics
-            key = cascade_key(stages[0].config.id, stages[1].config.id)
-            if key in unc.quantiles:
-                return key
+            first, second = stages[0].config.id, stages[1].config.id
+            # the plan for this target accuracy (schema version 8), else the plan's own
+            for key in (cascade_key(first, second, self._target_key),
+                        cascade_key(first, second)):
+                if key in unc.quantiles:
+                    return key
         return answered.id
 
     def _features(self, c: Configuration, interps: list[Interp], n: int

@@ -46,7 +46,8 @@ class BatchExecutor(Executor):
             q = self._qhat(k, alpha)
             if q is None:
                 continue
-            mask = unc.set_mask(np.asarray([ds[i].probs for i in idx]), q, self.conformal)
+            mask = unc.set_mask(np.asarray([ds[i].probs for i in idx]), q, self.conformal,
+                                [ds[i].label for i in idx])  # each set holds its answer
             for i, row in zip(idx, mask):
                 ds[i].prediction_set = tuple(np.flatnonzero(row).tolist())
 
@@ -143,7 +144,8 @@ class BatchExecutor(Executor):
                     ind = ood <= self._unc.widths[wk].threshold
                 q = self._qhat(c.id, alpha)
                 if q is not None:
-                    sets = self._unc.set_mask(bp.probs, q, self.conformal)
+                    # every set holds its answer's label (the non-empty rule)
+                    sets = self._unc.set_mask(bp.probs, q, self.conformal, bp.labels)
             threshold = c.thresholds[self._target_key]  # prediction.abstains(), on arrays
             abstain = np.ones(n, bool) if threshold is None else bp.confidence < threshold
             if self.abstain_on_ood:

@@ -24,7 +24,7 @@ from edge_sdk.backends import check_bundle, interpreter_class
 from edge_sdk.policy.budget import Budget, MemoryProbe, check_budget
 from edge_sdk.bundle.reading import read_manifest
 from edge_sdk.store.sources import SliceSource, open_slices
-from edge_sdk.errors import BudgetError, ConfigError
+from edge_sdk.errors import ConfigError
 from edge_sdk.runtime.explain import Explanation, decision_table
 from edge_sdk.inputs.stats import SuspectCheck
 from edge_sdk.inputs.checks import InputChecker
@@ -35,6 +35,7 @@ from edge_sdk.answers.prediction import BatchPrediction, Prediction, draft, fini
 from edge_sdk.answers.uncertainty import Uncertainty, check_alpha
 from edge_sdk.runtime.recorder import TraceRecorder
 from edge_sdk.runtime.residency import PerThread, Residency
+from edge_sdk.runtime.warm import warm, warm_set
 from edge_sdk.runtime.execute_batch import BatchExecutor
 from edge_sdk.runtime.startup import (answerable, check_load_args, latency_priors,
                                       uncertainty_widths)
@@ -65,9 +66,11 @@ class EdgeModel(BatchExecutor, Residency):
                  trusted_keys: Iterable[KeyLike] | KeyLike | None = None, uncertainty: bool = True, alpha: float = 0.1,
                  conformal: str = "lac", abstain_on_ood: bool = True,
                  input_check: bool = True) -> None:
-        check_load_args(profile, threads, policy, target_accuracy, strict, memory_cap_mb,
-                        uncertainty=uncertainty, abstain_on_ood=abstain_on_ood,
-                        input_check=input_check, conformal=conformal)
+        # every argument typed here (numpy numbers made Python ones), one error type each
+        target_accuracy, memory_cap_mb, threads = check_load_args(
+            bundle_dir, profile, threads, policy, target_accuracy, strict, memory_cap_mb,
+            uncertainty=uncertainty, abstain_on_ood=abstain_on_ood, input_check=input_check,
+            conformal=conformal, backend=backend, memory_reader=memory_reader, clock=clock)
         self.alpha = check_alpha(alpha)
         self.conformal, self.abstain_on_ood = conformal, abstain_on_ood
         self.bundle_dir = Path(bundle_dir)
@@ -97,8 +100,8 @@ class EdgeModel(BatchExecutor, Residency):
         missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]
         if missing:
             have = sorted(self.manifest.configurations[0].thresholds)
-            raise BudgetError(f"target accuracy {target_accuracy} has no exported threshold; "
-                              f"the bundle has thresholds for {', '.join(have)}")
+            raise ConfigError(f"target_accuracy {key} has no exported threshold; the bundle "
+                              f"has thresholds for {', '.join(have)}")  # a load() argument
         self.target_accuracy, self.policy_name, self.strict = target_accuracy, policy, strict
         self._target_key = key
         self.threads = threads
@@ -113,6 +116,9 @@ class EdgeModel(BatchExecutor, Residency):
         runnable = [c for c in self.manifest.configurations if c.id not in self.left_out]
         self.profile, self.latency_source, priors = latency_priors(
             self.bundle_dir, self.manifest.configurations, profile, threads)
+        # the input check asks isinstance(x, np.ma.MaskedArray): numpy loads numpy.ma on that
+        # first use (40-75 ms, measured), so load() imports it, not the first predict()
+        import numpy.ma  # noqa: F401
         self._inputs = InputChecker(self.manifest.input)
         # every interpreter takes the raw sample and normalises it in its graph
         self._raw = RawInput(self._inputs.feed_dtype.name, self._inputs.scale_c,
@@ -123,7 +129,7 @@ class EdgeModel(BatchExecutor, Residency):
         self._classes = len(self.manifest.labels)
         self._labels = tuple(self.manifest.labels)
         self._configs = {c.id: c for c in runnable}
-        self.memory_cap_mb = None if memory_cap_mb is None else float(memory_cap_mb)
+        self.memory_cap_mb = memory_cap_mb
         # the answer's softmax in the graph, where a slice serves one configuration
         self._answerable = answerable(self.manifest.configurations)
         self.policy = Policy(
@@ -134,7 +140,7 @@ class EdgeModel(BatchExecutor, Residency):
         if self.memory_cap_mb is not None:
             small = min(runnable, key=self.policy.memory_need_mb)
             if self.policy.memory_need_mb(small) > self.memory_cap_mb:
-                raise BudgetError(
+                raise ConfigError(  # a load() argument, not a budget
                     f"memory_cap_mb {self.memory_cap_mb:g} MB is below every configuration's "
                     f"memory need: the smallest, {small.id}, needs "
                     f"{self.policy.memory_need_mb(small):.4g} MB")
@@ -241,6 +247,7 @@ class EdgeModel(BatchExecutor, Residency):
         out = BatchPrediction([self._execute_one(
             xn, stages, budget, t0, alpha, None if sus is None else bool(sus[0]))],
             self._classes) if n == 1 else self._execute_batch(xn, stages, budget, t0, alpha, sus)
+        out.stage_ids = tuple(s.config.id for s in stages)  # its config_id: the last that ran
         if self._recorder is not None:
             self._recorder.add(out, budget)
         return out
@@ -253,18 +260,24 @@ class EdgeModel(BatchExecutor, Residency):
         with self._lock:
             return decision_table(self.policy, budget, n, self.policy_name)
 
-    def warm_up(self, budget: Budget | None = None, config_ids: Iterable[str] | None = None
-                ) -> dict[str, float]:
-        """Build (and warm) in this thread the interpreters a call under ``budget`` would run
-        now (or those of ``config_ids``), so no call pays their first-use cost; returns it,
-        ms per configuration built."""
+    def warm_up(self, budget: Budget | None = None, config_ids: Iterable[str] | None = None,
+                *, batch_size: int = 1) -> dict[str, float]:
+        """Make the next call as fast as the hundredth: build in this thread the interpreters
+        a call under ``budget`` could run now (the plan's stages and their precision
+        variants; or those of ``config_ids``) and call each end to end
+        :data:`~edge_sdk.runtime.warm.WARM_CALLS` times on a synthetic sample (the training
+        mean), so the policy's estimates are measured on this device. ``batch_size`` > 1:
+        also ``predict_batch`` at that size (the interpreters resized, the batch latency
+        measured). Returns the first-use ms per configuration built (creation + first invoke,
+        never part of an estimate)."""
         if config_ids is None:
             budget = self._budget if budget is None else check_budget(budget)
             with self._lock:
-                configs = [s.config for s in self.policy.preview(budget).stages]
+                stages = [s.config for s in self.policy.preview(budget).stages]
+                configs = warm_set(stages, [self.policy.variants(c) for c in stages])
         else:
             configs = [self._config(cid) for cid in config_ids]
-        return {c.id: self._resident(c, 1)[1] for c in configs}
+        return warm(self, configs, batch_size)
 
     def record(self, path: str | os.PathLike[str], phase: str = "live",
                flush_every: int = 1000) -> TraceRecorder:

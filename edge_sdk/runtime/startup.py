@@ -11,8 +11,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 
-from edge_sdk.policy.budget import MAX_MEMORY_MB, bounded_number
+from edge_sdk.backends import BACKENDS, BackendError, resolve_name
+from edge_sdk.policy.budget import MAX_MEMORY_MB, bounded_number, real_value
 from edge_sdk.bundle.records import width_key
 from edge_sdk.answers.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError, ConfigError, ProfileError
@@ -32,13 +34,25 @@ __all__ = ["MAX_THREADS", "answerable", "check_load_args", "latency_priors",
 MAX_THREADS = 1024  # far above any device's cores; LiteRT takes an int32 and overflows above
 
 
-def check_load_args(profile: object, threads: object, policy: object, target_accuracy: object,
-                    strict: object, memory_cap_mb: object, *, uncertainty: object = True,
-                    abstain_on_ood: object = True, input_check: object = True,
-                    conformal: object = "lac") -> None:
-    """load()'s arguments, typed before the bundle is read."""
-    for name, v in (("uncertainty", uncertainty), ("abstain_on_ood", abstain_on_ood),
-                    ("input_check", input_check)):
+def check_load_args(bundle_dir: object, profile: object, threads: object, policy: object,
+                    target_accuracy: object, strict: object, memory_cap_mb: object, *,
+                    uncertainty: object = True, abstain_on_ood: object = True,
+                    input_check: object = True, conformal: object = "lac",
+                    backend: object = None, memory_reader: object = None,
+                    clock: object = None) -> tuple[float, float | None, int | None]:
+    """load()'s arguments, typed before the bundle is read: ``(target_accuracy,
+    memory_cap_mb, threads)`` as plain Python numbers.
+
+    One error type per argument, whatever is wrong with its value: a ConfigError naming the
+    argument (``profile``: a ProfileError, itself a ConfigError). A caller catches one type
+    per mistake, not one per way of making it (``target_accuracy=0.5``, a target the bundle
+    has no threshold for, was a BudgetError and ``'0.95'`` a ConfigError). Numbers may be
+    Python's or numpy's (``np.float64(0.95)``, ``np.int64(50)``), never bools."""
+    if not isinstance(bundle_dir, (str, os.PathLike)):
+        raise ConfigError(f"bundle_dir must be the bundle's directory (a str or a path), got "
+                          f"{type(bundle_dir).__name__} {show(bundle_dir)}")
+    for name, v in (("strict", strict), ("uncertainty", uncertainty),
+                    ("abstain_on_ood", abstain_on_ood), ("input_check", input_check)):
         if not isinstance(v, bool):
             raise ConfigError(f"{name} must be True or False, got {show(v)}")
     if not isinstance(conformal, str) or conformal not in CONFORMAL_METHODS:
@@ -46,21 +60,37 @@ def check_load_args(profile: object, threads: object, policy: object, target_acc
                           f"prediction sets' score), got {show(conformal)}")
     if profile is not None and not isinstance(profile, (str, os.PathLike)):
         raise ProfileError(f"profile must be 'auto', a built-in profile name, a YAML path or "
-                           f"None, got {type(profile).__name__} {profile!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or not 1 <= threads <= MAX_THREADS):
-        raise ConfigError(f"threads must be an integer in [1, {MAX_THREADS}] or None (the "
-                          f"runtime's default), got {show(threads)}")
+                           f"None, got {type(profile).__name__} {show(profile)}")
+    n_threads = None
+    if threads is not None:
+        # an integer of Python or numpy (np.int64(2)); 2.0 is refused as a float, as a bool is
+        n_threads = 0
+        if isinstance(threads, (int, np.integer)) and not isinstance(threads, bool):
+            n_threads = int(threads)
+        if not 1 <= n_threads <= MAX_THREADS:
+            raise ConfigError(f"threads must be an integer in [1, {MAX_THREADS}] or None (the "
+                              f"runtime's default), got {show(threads)}")
     if not isinstance(policy, str) or policy not in MODES:
-        raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {policy!r}")
-    if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, (int, float)) \
-            or not 0 < target_accuracy <= 1:
+        raise ConfigError(f"policy must be one of {', '.join(MODES)}, got {show(policy)}")
+    target = real_value(target_accuracy)
+    if target is None or not 0 < target <= 1:  # (NaN fails the comparison)
         raise ConfigError(f"target_accuracy must be a number in (0, 1], got "
                           f"{show(target_accuracy)}")
-    if not isinstance(strict, bool):
-        raise ConfigError(f"strict must be True or False, got {strict!r}")
-    if memory_cap_mb is not None:  # bounded: 10**400 raised a raw OverflowError
-        bounded_number(memory_cap_mb, "memory_cap_mb", MAX_MEMORY_MB, "MB")
+    cap = None if memory_cap_mb is None else bounded_number(  # 10**400: typed, not Overflow
+        memory_cap_mb, "memory_cap_mb", MAX_MEMORY_MB, "MB", ConfigError)
+    if backend is not None:  # the value; whether that backend is installed is a BackendError
+        if not isinstance(backend, str):
+            raise ConfigError(f"backend must be a string (auto, {', '.join(BACKENDS)}) or None, "
+                              f"got {type(backend).__name__} {show(backend)}")
+        try:
+            resolve_name(backend)
+        except BackendError as e:  # an unknown name: the one line that names the choices
+            raise ConfigError(str(e)) from None
+    for name, fn in (("memory_reader", memory_reader), ("clock", clock)):
+        if fn is not None and not callable(fn):
+            raise ConfigError(f"{name} must be a function of no arguments (or None), got "
+                              f"{type(fn).__name__} {show(fn)}")
+    return target, cap, n_threads
 
 
 def latency_priors(bundle_dir: Path, configs: Sequence[Configuration],

@@ -177,11 +177,24 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
             "properties": {"threshold": _PROBABILITY,
                            "coverage": {"type": "number", "minimum": 0, "maximum": 1},
                            "max_loss": {"type": "number", "minimum": 0, "maximum": 1,
-                                        "default": 0.002}}},
+                                        "default": 0.002},
+                           "targets": {
+                               "type": "object",
+                               "propertyNames": {
+                                   "pattern": r"^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$"},
+                               "additionalProperties": {
+                                   "type": "object", "required": ["threshold", "coverage"],
+                                   "additionalProperties": False,
+                                   "properties": {
+                                       "threshold": _PROBABILITY,
+                                       "coverage": {"type": "number", "minimum": 0,
+                                                    "maximum": 1}}}}}},
         "description": "Id of a wider configuration of the same scope -> a two-stage plan: "
                        "answer here when confidence >= threshold, else run that one. "
                        "max_loss is required unless the files are slice names (left out: "
-                       "0.002)."},
+                       "0.002). targets (schema version 8): per target accuracy of the "
+                       "cascade's answers, its own threshold and coverage (the accuracy it "
+                       "may give up: max(wider's accuracy - target, max_loss))."},
     "Configuration.val_nll": {"minimum": 0,
                               "description": "Validation NLL at the temperature: the budget "
                                              "rule prefers the lowest."},

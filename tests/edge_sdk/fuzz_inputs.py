@@ -79,6 +79,9 @@ def store_cases(data: dict, name: str, blob: bytes) -> list[Case]:
         c["materialize"] = [{"width": f"{c['width']:.2f}", "sample": None, "heads": 0}]
         d.pop("uncertainty", None)
         d.pop("input_stats", None)
+        for cfg in d["configurations"]:  # schema version 8's per-target cascade plans
+            for e in cfg.get("cascade", {}).values():
+                e.pop("targets", None)
         d.update(schema_version=3, layout="store",
                  store={"name": "store.bin", "sha256": hashlib.sha256(store).hexdigest(),
                         "bytes": len(store)},

@@ -118,13 +118,17 @@ def test_pinned_predict_feeds_the_policys_latency_estimate(bundle):
 
     p = m.predict(x, config_id=target.id)
     assert p.config_id == target.id and p.latency_ms == pytest.approx(7.0)
+    assert m.policy.predicted_latency_ms(target) == priors[target.id]  # the first is held
+    m.predict(x, config_id=target.id)  # the second confirms it
     assert m.policy.predicted_latency_ms(target) == pytest.approx(7.0)
     for c in configs:  # the others keep their prior
         if c.id != target.id:
             assert m.policy.predicted_latency_ms(c) == priors[c.id]
 
     timer.step = 12.0 / 1000 / target.invokes
-    m.predict(x, config_id=target.id)
+    m.predict(x, config_id=target.id)  # one call at 12 ms: median(7, 7, 12) leaves it
+    assert m.policy.predicted_latency_ms(target) == pytest.approx(7.0)
+    m.predict(x, config_id=target.id)  # two: the EWMA moves a fifth of the way
     assert m.policy.predicted_latency_ms(target) == pytest.approx(0.8 * 7.0 + 0.2 * 12.0)
 
 
@@ -136,7 +140,12 @@ def test_a_slow_pinned_run_steers_the_next_unpinned_choice(bundle):
     x = np.zeros(tuple(m.manifest.input.shape[1:]), np.float32)
     budget = Budget(latency_ms=1e3)  # every prior fits
     first = m.policy.choose(budget)[0].id
-    timer.step = 1e5 / 1000  # its first measurement, pinned, is far over the budget
+    timer.step = 1e5 / 1000  # pinned, measured far over the budget: once is an outlier,
+    m.predict(x, config_id=first)
+    timer.step = 1.0 / 1000
+    assert m.policy.choose(budget)[0].id == first
+    timer.step = 1e5 / 1000  # twice in a row is the device
+    m.predict(x, config_id=first)
     m.predict(x, config_id=first)
     timer.step = 1.0 / 1000
     assert m.predict(x, budget).config_id != first

@@ -14,6 +14,7 @@ import edge_sdk
 from edge_sdk.tflite.model_info import _Reader
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, file_entry, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BundleError
+from runtime_support import without_cascade_targets
 
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
 
@@ -55,6 +56,7 @@ def _as_version_1(bundle: Path, dst: Path) -> Path:
     shutil.copytree(bundle, dst)
     data = read_manifest(dst).to_dict()
     data["schema_version"] = 1
+    without_cascade_targets(data)  # schema version 8's
     del data["batch_dim"]
     data.pop("uncertainty", None)  # schema version 5's; the file stays, unlisted
     data.pop("input_stats", None)  # schema version 6's

@@ -219,10 +219,10 @@ def test_missing_dir_and_manifest(tmp_path: Path) -> None:
 
 def test_unknown_schema_version(tmp_path: Path) -> None:
     data = manifest_dict()
-    data["schema_version"] = 8
+    data["schema_version"] = 9
     bundle = write_raw(tmp_path / "b", data)
     with pytest.raises(BundleError,
-                       match=r"schema_version: unsupported schema version 8.*versions 1, 2, 3, 4, 5, 6, 7"):
+                       match=r"schema_version: unsupported schema version 9.*versions 1, 2, 3, 4, 5, 6, 7, 8"):
         b.read_manifest(bundle, verify=False)
 
 

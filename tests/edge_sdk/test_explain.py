@@ -76,6 +76,8 @@ def test_the_source_says_where_each_prediction_comes_from(m, x, bundle):
         row(m.explain(), c.id).source.startswith("MACs fallback")
     assert row(m.explain(), c.id).first_use_ms is None
     m.predict(x, config_id=c.id)
+    assert not row(m.explain(), c.id).source.startswith("measured")  # the first is held
+    m.predict(x, config_id=c.id)
     r = row(m.explain(), c.id)
     assert r.source == "measured EWMA" and r.first_use_ms is not None and r.first_use_ms > 0
     assert r.predicted_ms == pytest.approx(m.policy.predicted_latency_ms(c))
@@ -85,8 +87,9 @@ def test_the_source_says_where_each_prediction_comes_from(m, x, bundle):
 
 def test_hysteresis_is_named_when_it_keeps_the_incumbent(m, x):
     best, other = m.policy.ranked[:2]
-    m.policy.observe(best.id, 1.0)  # measured: best 1 ms, the runner-up 0.5 ms
-    m.policy.observe(other.id, 0.5)
+    for _ in range(2):  # measured (twice: one alone is held): best 1 ms, the runner-up 0.5
+        m.policy.observe(best.id, 1.0)
+        m.policy.observe(other.id, 0.5)
     m.policy._last = other.id  # the incumbent; best fits 1.01 ms, but not with 10 % headroom
     exp = m.explain(Budget(latency_ms=1.01))
     assert exp.chosen == other.id and "hysteresis" in exp.reason and best.id in exp.reason

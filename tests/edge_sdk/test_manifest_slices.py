@@ -9,7 +9,7 @@ import copy
 import pytest
 import yaml
 
-from edge_sdk.bundle import Manifest, file_entry, manifest_to_yaml
+from edge_sdk.bundle import SCHEMA_VERSION, Manifest, file_entry, manifest_to_yaml
 from edge_sdk.errors import BundleError
 
 GRAPH = {"tensors": [], "ops": [], "inputs": [], "outputs": []}
@@ -30,7 +30,7 @@ def expanded() -> dict:
     """The first version-3 store form: entries and recipes in every configuration; all1 and
     all2 share their first sample file."""
     s = [{"width": "1.00", "sample": i, "heads": 0} for i in range(2)]
-    return {"schema_version": 7, "layout": "store",
+    return {"schema_version": SCHEMA_VERSION, "layout": "store",
             "store": file_entry("store.bin", b"store").to_dict(),
             "input": {"shape": [1, 4, 4, 2], "layout": "NHWC", "dtype": "float32",
                       "value_range": [0.0, 1.0], "mean": [0.0, 0.0], "std": [1.0, 1.0]},

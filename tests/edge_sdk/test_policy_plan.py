@@ -61,6 +61,64 @@ def test_a_first_stage_that_does_not_pay_is_left_out():
     assert ids(policy(cs, mode="cascade").plan(Budget())) == ["w100"]
 
 
+def with_targets(cs, targets):
+    """The ladder's plans with one plan per target accuracy: target -> (threshold, coverage)."""
+    return [dataclasses.replace(c, cascade={k: {**v, "targets": {
+        t: {"threshold": th, "coverage": cov} for t, (th, cov) in targets.items()}}
+        for k, v in c.cascade.items()}) for c in cs]
+
+
+@pytest.mark.parametrize("target, accept", [("0.9", 0.3), ("0.95", 0.6), ("0.99", 0.95)])
+def test_the_target_accuracy_picks_its_own_plan(target, accept):
+    cs = with_targets(ladder(plans=True), {"0.9": (0.3, 0.97), "0.95": (0.6, 0.9),
+                                           "0.99": (0.95, 0.4)})
+    plan = policy(cs, mode="cascade", target=target).plan(Budget())
+    assert ids(plan) == ["w025", "w100"] and plan.stages[0].accept == accept
+
+
+def test_a_target_without_a_plan_of_its_own_takes_the_plan_s_threshold():
+    cs = with_targets(ladder(plans=True), {"0.99": (0.95, 0.4)})
+    plan = policy(cs, mode="cascade", target="0.9").plan(Budget())
+    assert plan.stages[0].accept == 0.7  # the version-7 plan's one threshold
+
+
+def test_the_plan_is_chosen_on_interpreter_figures_not_on_noise():
+    """Measured end to end, the first stages' costs differ by less than their noise: the
+    plan stays the one the interpreter figures rank first (w025: 1 + 0.1 x 8 ms) whatever
+    this process measured, while its stages fit the budget; a first stage measured over the
+    budget (twice: sustained) is passed over for the next plan."""
+    pol = policy(ladder(plans=True), mode="cascade")
+    for ms in (9.0, 9.0, 9.5, 9.2):  # w025 measured slower than w050, within the budget
+        pol.observe("w025", ms)
+        pol.observe("w050", 3.0)
+        assert ids(pol.plan(Budget(latency_ms=20.0))) == ["w025", "w100"]
+    pol.observe("w025", 30.0)
+    assert ids(pol.plan(Budget(latency_ms=20.0))) == ["w025", "w100"]  # one outlier
+    for _ in range(10):  # sustained: the estimate follows it over the budget
+        pol.observe("w025", 30.0)
+    assert ids(pol.plan(Budget(latency_ms=20.0))) == ["w050", "w100"]
+
+
+def test_the_cascade_pairs_precisions_as_its_plans_were_fitted():
+    """The final network's variants (float, int8) each have plans from the narrow width at
+    their own precision: the cheapest pair runs, even when the answering variant alone is
+    the other precision."""
+    def var(cid, width, nll, ms, weights, wider=None, cov=0.9):
+        c = dataclasses.replace(config(cid, width=width, val_nll=nll, latency_ms=ms),
+                                weights=weights)
+        if wider:
+            c = dataclasses.replace(c, cascade={wider: {"threshold": 0.8, "coverage": cov,
+                                                        "max_loss": 0.002}})
+        return c
+    cs = [var("w100", 1.0, 0.2, 4.0, "dequantize"), var("w100-int8", 1.0, 0.2, 4.5, "int8"),
+          var("w025", 0.25, 0.5, 3.0, "dequantize", "w100"),
+          var("w025-int8", 0.25, 0.5, 0.5, "int8", "w100-int8")]
+    pol = policy(cs, mode="cascade")
+    assert pol.active_variant(cs[0]).id == "w100"  # the float variant answers alone
+    # float pair 3 + 0.1 x 4 = 3.4; int8 pair 0.5 + 0.1 x 4.5 = 0.95
+    assert ids(pol.plan(Budget())) == ["w025-int8", "w100-int8"]
+
+
 def test_without_plans_the_cascade_climbs_the_fitting_widths():
     pol = policy(ladder(plans=False), mode="cascade")
     plan = pol.plan(Budget())
@@ -97,8 +155,23 @@ def test_a_batch_is_planned_on_its_own_predicted_latency():
     assert ids(pol.plan(Budget(latency_ms=10.0))) == ["w100"]
     # 4 samples: unmeasured, a batch is predicted as 4 single calls (32 ms for w100)
     assert ids(pol.plan(Budget(latency_ms=10.0), n=4)) == ["w050"]
-    pol.observe("w100", 9.0, n=4)  # measured: the batch of 4 takes 9 ms
+    pol.observe("w100", 9.0, n=4)  # measured: the batch of 4 takes 9 ms (held, then
+    pol.observe("w100", 9.0, n=4)  # confirmed: median(prior 32, 9, 9))
     assert ids(pol.plan(Budget(latency_ms=10.0), n=4)) == ["w100"]
+
+
+def test_a_measured_batch_size_sets_the_prior_of_the_others_at_that_size():
+    """Batches of n cost what n single calls cost times the ratio measured at n on this
+    device (any configuration's), until a configuration is measured at n itself."""
+    pol = policy(ladder(plans=False))
+    by_id = {c.id: c for c in pol.configs}
+    single = {cid: pol.predicted_latency_ms(c) for cid, c in by_id.items()}
+    assert pol.predicted_latency_ms(by_id["w050"], 64) == pytest.approx(64 * single["w050"])
+    for _ in range(2):  # a batch of 64 on w100 takes 3x 64 single calls here
+        pol.observe("w100", 3 * 64 * single["w100"], n=64)
+    for cid in ("w025", "w050"):
+        assert pol.predicted_latency_ms(by_id[cid], 64) == pytest.approx(3 * 64 * single[cid])
+    assert pol.predicted_latency_ms(by_id["w050"], 8) == pytest.approx(8 * single["w050"])
 
 
 @pytest.mark.parametrize("kw", [{"hysteresis": 1.0}, {"hysteresis": -0.5},

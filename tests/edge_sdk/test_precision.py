@@ -35,7 +35,7 @@ def xs(model):
 
 def test_every_width_has_its_point_slice_in_three_precisions(precision_bundle, model):
     m = model.manifest
-    assert m.schema_version == 7 and m.is_store
+    assert m.schema_version == 8 and m.is_store
     by_width: dict[float, set[str]] = {}
     for c in m.configurations:
         by_width.setdefault(c.width, set()).add(c.precision)
@@ -128,8 +128,24 @@ def test_an_integer_store_slice_without_its_scales_is_refused(precision_bundle, 
         read_manifest(b, verify=False)
     data["schema_version"] = 6
     del data["activation_quant"]
+    for c in data["configurations"]:  # (version 8's per-target plans: not under test here)
+        for e in c.get("cascade", {}).values():
+            e.pop("targets", None)
     (b / MANIFEST_NAME).write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(BundleError, match="'int8' needs schema version 7"):
+        read_manifest(b, verify=False)
+
+
+def test_per_target_cascade_plans_need_schema_version_8(precision_bundle, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(precision_bundle, b)
+    data = yaml.safe_load((b / MANIFEST_NAME).read_text())
+    c = next(c for c in data["configurations"] if c.get("cascade"))
+    wider = next(iter(c["cascade"]))
+    c["cascade"][wider]["targets"] = {"0.9": {"threshold": 0.1, "coverage": 1.0}}
+    data["schema_version"] = 7
+    (b / MANIFEST_NAME).write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(BundleError, match=f"cascade.{wider}.targets: needs schema version 8"):
         read_manifest(b, verify=False)
 
 

@@ -28,7 +28,7 @@ import edge_sdk
 from edge_sdk.answers import metrics as M
 from edge_sdk.runtime import model as runtime
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_manifest
-from edge_sdk.errors import BudgetError, BundleError, EdgeSdkError, InputError
+from edge_sdk.errors import BudgetError, BundleError, ConfigError, EdgeSdkError, InputError
 from edge_sdk.policy.budget import Budget
 from runtime_support import invoke_clock
 
@@ -385,7 +385,8 @@ def test_abstain_with_forced_thresholds(bundle, tmp_path, xs):
 
 
 def test_unknown_target_accuracy_names_the_available_ones(bundle):
-    with pytest.raises(BudgetError) as info:
+    # a load() argument: a ConfigError, as every other invalid target_accuracy (issue 51)
+    with pytest.raises(ConfigError, match="^target_accuracy 0.5 ") as info:
         edge_sdk.load(bundle, target_accuracy=0.5)
     message = str(info.value)
     assert "0.5" in message
@@ -451,6 +452,7 @@ def test_measured_latency_feeds_the_policy_and_budget_met(bundle, manifest, xs):
     p = m.predict(xs[0])
     assert p.latency_ms == pytest.approx(2.0)
     c = manifest.configuration(p.config_id)
+    m.predict(xs[0], config_id=c.id)  # the first measurement is held, the second confirms
     assert m.policy.predicted_latency_ms(c) == pytest.approx(2.0)  # measured overrides manifest
     # predicted (manifest / MACs) fits 1.5 ms for some config, but every call measures 2 ms
     cheapest = min(m.policy.predicted_latency_ms(c) for c in manifest.configurations)

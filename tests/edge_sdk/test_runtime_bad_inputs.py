@@ -60,21 +60,22 @@ def test_a_number_gets_a_hint_how_to_write_the_budget(model, x):
 @pytest.mark.parametrize("cap", ["x", -5, 0, math.nan, True, np.bool_(True), [3]],
                          ids=repr)
 def test_memory_cap_mb_must_be_a_positive_number(bundle, cap):
-    with pytest.raises(BudgetError, match="memory_cap_mb must be a positive number"):
+    # a load() argument: ConfigError (issue 51; it was a BudgetError)
+    with pytest.raises(ConfigError, match="memory_cap_mb must be a positive number"):
         edge_sdk.load(bundle, memory_cap_mb=cap)
 
 
 @pytest.mark.parametrize("cap", [math.inf, 10 ** 400, 1e300, 2.0 ** 20 + 1], ids=repr)
 def test_memory_cap_mb_is_bounded(bundle, cap):
     """(issue 36) 10**400 raised a raw OverflowError; every value above 1 TiB is typed."""
-    with pytest.raises(BudgetError, match=r"memory_cap_mb must be at most 1\.04858e\+06 MB"):
+    with pytest.raises(ConfigError, match=r"memory_cap_mb must be at most 1\.04858e\+06 MB"):
         edge_sdk.load(bundle, memory_cap_mb=cap)
 
 
 def test_a_memory_cap_below_every_configuration_is_reported(bundle):
     m = edge_sdk.load(bundle)
     smallest = min(m.policy.memory_need_mb(c) for c in m.manifest.configurations)
-    with pytest.raises(BudgetError, match="below every configuration's memory need") as info:
+    with pytest.raises(ConfigError, match="below every configuration's memory need") as info:
         edge_sdk.load(bundle, memory_cap_mb=smallest / 2)
     assert f"{smallest:.4g} MB" in str(info.value)
 

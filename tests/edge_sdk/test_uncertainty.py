@@ -14,6 +14,7 @@ from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_mani
 from edge_sdk.errors import BundleError, ChecksumMismatchError, ConfigError
 from edge_sdk.policy.plan import Stage
 from edge_sdk.answers.uncertainty import ALPHAS, FILE_NAME, Uncertainty, cascade_key, check_alpha
+from runtime_support import without_cascade_targets
 
 
 def _inputs(m, n, seed=0):
@@ -184,6 +185,7 @@ def test_an_older_bundle_loads_with_no_score_and_no_set(bundle, tmp_path):
     shutil.copytree(bundle, dst)
     data = read_manifest(dst).to_dict()
     data["schema_version"] = 4
+    without_cascade_targets(data)  # schema version 8's
     del data["uncertainty"]
     data.pop("input_stats", None)
     (dst / FILE_NAME).unlink()
@@ -254,3 +256,92 @@ def test_non_finite_or_short_quantiles_are_refused(model):
                           ({f"widths__{wk}__threshold": "nan"}, "expected a finite number")):
         with pytest.raises(BundleError, match=match):
             Uncertainty.from_bytes(_mutated(model, **change))
+
+
+# ---- issue 51: every set holds the answer; alpha is a grid number --------------------------
+
+def _emptied(bundle, method):
+    """A model whose every quantile (configurations and cascade plans) leaves the plain set
+    empty: q = -1 is below every score, as LAC's quantile is for a 0.997-confident answer."""
+    m = edge_sdk.load(bundle, profile=None, conformal=method)
+    for key in m.uncertainty.quantiles:
+        m.uncertainty.quantiles[key] = {k: (-1.0,) * len(ALPHAS) for k in conformal.METHODS}
+    m._qhats.clear()  # (load's cost probe looked some up already)
+    return m
+
+
+@pytest.mark.parametrize("method", conformal.METHODS)
+def test_every_set_holds_the_answer_where_the_plain_set_is_empty(bundle, model, method):
+    m = _emptied(bundle, method)
+    xs = _inputs(m, 6, seed=5)
+    eye = np.eye(len(m.manifest.labels), dtype=bool)
+    for c in m.manifest.configurations:  # every scope: point, head, all
+        b = m.predict_batch(xs, config_id=c.id)
+        singles = [m.predict(x, config_id=c.id) for x in xs]
+        assert all(p.prediction_set == (p.label,) for p in (*b, *singles))
+        assert np.array_equal(b.prediction_sets, eye[b.labels])
+        # abstain is decided as before (the bundle's own quantiles): the rule never touches it
+        ref = model.predict_batch(xs, config_id=c.id)
+        assert b.abstain.tolist() == ref.abstain.tolist() == [p.abstain for p in singles]
+    pts = [c for c in m.manifest.configurations if c.scope == "point"]
+    for accept, answers in ((0.0, pts[0].id), (1.01, pts[-1].id)):  # either stage answers
+        stages = (Stage(pts[0], accept, 1.0), Stage(pts[-1], None, 2.0))
+        one = m._execute_one(m._inputs.feed(xs[0]), stages, m._budget, m._clock())
+        batch = m._execute_batch(m._inputs.feed_batch(xs), stages, m._budget, m._clock())
+        for p in (one, *batch):
+            assert p.config_id == answers and p.prediction_set == (p.label,)
+
+
+@pytest.mark.parametrize("method", conformal.METHODS)
+def test_with_the_bundles_quantiles_a_set_is_the_plain_set_plus_the_answer(bundle, method):
+    m = edge_sdk.load(bundle, profile=None, conformal=method)
+    lam, k_reg = m.uncertainty.raps
+    xs = _inputs(m, 8, seed=7)
+    cid = next(c.id for c in m.manifest.configurations if c.scope == "point")
+    for a in (0.05, 0.1, 0.5):
+        b = m.predict_batch(xs, config_id=cid, alpha=a)
+        plain = conformal.prediction_sets(b.probs, m.uncertainty.qhat(cid, method, a), method,
+                                          lam, k_reg, nonempty=False)
+        plain[np.arange(len(xs)), b.labels] = True
+        assert np.array_equal(b.prediction_sets, plain)
+        assert [m.predict(x, config_id=cid, alpha=a).prediction_set for x in xs] == \
+            [tuple(np.flatnonzero(r)) for r in plain]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.99, 0.005])
+def test_an_alpha_outside_the_grid_is_refused_never_capped(bundle, model, alpha):
+    match = r"alpha must be a miscoverage rate in \[0.01, 0.5\], the range of the bundle's"
+    xs = _inputs(model, 2)
+    with pytest.raises(ConfigError, match=match):
+        edge_sdk.load(bundle, profile=None, alpha=alpha)
+    with pytest.raises(ConfigError, match=match):
+        model.predict(xs[0], alpha=alpha)
+    with pytest.raises(ConfigError, match=match):
+        model.predict_batch(xs, alpha=alpha)
+    with pytest.raises(ConfigError, match=match):
+        model.uncertainty.qhat(model.manifest.ids[0], "lac", alpha)
+    assert check_alpha(0.5) == 0.5 and check_alpha(0.01) == 0.01  # the grid's ends are in it
+
+
+def test_numpy_scalar_alphas_are_numbers_and_bools_are_not(bundle, model):
+    m = edge_sdk.load(bundle, profile=None, alpha=np.float32(0.2))
+    assert m.alpha == 0.2 and type(m.alpha) is float
+    xs = _inputs(model, 4, seed=6)
+    cid = model.manifest.ids[0]
+    assert m.predict(xs[0], config_id=cid).prediction_set == \
+        model.predict(xs[0], config_id=cid, alpha=0.2).prediction_set
+    # np.float32(0.01) is 0.0099999998 as a double: still the grid's 0.01, not refused
+    for a, same in ((np.float32(0.01), 0.01), (np.float64(0.1), 0.1), (np.float32(0.15), 0.15),
+                    (np.float16(0.5), 0.5)):
+        want = model.predict_batch(xs, config_id=cid, alpha=same)
+        assert np.array_equal(model.predict_batch(xs, config_id=cid, alpha=a).prediction_sets,
+                              want.prediction_sets)
+        assert model.predict(xs[0], config_id=cid, alpha=a).prediction_set == \
+            want[0].prediction_set
+    for bad in (True, np.bool_(True), "0.1"):
+        with pytest.raises(ConfigError, match="alpha must be"):
+            edge_sdk.load(bundle, profile=None, alpha=bad)
+        with pytest.raises(ConfigError, match="alpha must be"):
+            model.predict(xs[0], alpha=bad)
+        with pytest.raises(ConfigError, match="alpha must be"):
+            model.predict_batch(xs, alpha=bad)

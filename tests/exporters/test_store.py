@@ -18,7 +18,7 @@ import torch
 torch.set_num_threads(1)
 
 import edge_sdk  # noqa: E402
-from edge_sdk.bundle import check_slice, read_manifest  # noqa: E402
+from edge_sdk.bundle import SCHEMA_VERSION, check_slice, read_manifest  # noqa: E402
 from edge_sdk.errors import BundleError, ConfigError  # noqa: E402
 from edge_sdk.store import NORMAL_BOUND, Store, decode_store, encode_store  # noqa: E402
 from edge_sdk.store.decode import decode_point, sample_weights  # noqa: E402
@@ -461,7 +461,7 @@ def test_files_layout_writes_plain_tflite_files(checkpoints, workdir):
         widths=[1.0], scopes=["point"], measure=False, max_eval=10, layout="files",
         precisions=("float",)), **QUIET)
     m = read_manifest(out, verify=True)
-    assert (m.schema_version, m.layout, m.store, m.graphs) == (7, "files", None, {})
+    assert (m.schema_version, m.layout, m.store, m.graphs) == (SCHEMA_VERSION, "files", None, {})
     assert sorted(p.name for p in Path(out).iterdir()) == ["manifest.yaml", "uncertainty.bin",
                                                            "w1.00-point.tflite"]
     assert m.configurations[0].materialize is None
