@@ -21,8 +21,8 @@ from edge_sdk.errors import BundleError
 __all__ = [
     "FLOAT32_MAX", "FLOAT32_TINY", "INT_MAX", "MAX_DEPTH", "MAX_NODES", "NodeBudget",
     "bool_value", "choice", "f32_value", "fail", "float_value", "got",
-    "int_value", "join", "key_path", "list_value", "mapping", "optional_float", "plain", "show",
-    "str_value",
+    "int_value", "join", "key_path", "list_value", "mapping", "optional_float", "plain",
+    "real_value", "show", "str_value",
 ]
 
 MAX_DEPTH = 64  # nesting of free-form values (source, ...)
@@ -49,6 +49,35 @@ def fail(path: str, message: str) -> NoReturn:
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 4
 _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
+
+
+def real_value(v: object) -> float | None:
+    """``v`` as a float when it is a real number: a Python int or float, or a numpy integer or
+    floating scalar (``np.float64(0.95)``, ``np.int64(50)``: what ``arr.mean()``, ``arr.max()``
+    and a YAML or JSON reader via numpy hand back); None for anything else, bools included
+    (``True`` is an int in Python and numpy's ``bool_`` is not a ``numbers.Real``, yet neither
+    is ever a number of milliseconds, megabytes or a rate). A numpy float narrower than 64 bits
+    is read as the shortest decimal that rounds to it (``str``): ``np.float32(0.95)`` is
+    0.949999988 as a double, yet the caller wrote 0.95 (the bundle's thresholds are keyed by
+    ``f"{0.95:g}"``, and ``np.float32(0.01)`` would fall below the conformal grid's 0.01). An
+    int beyond float range is infinity (never OverflowError). Duck-typed on ``dtype``: no
+    numpy import here."""
+    if type(v) is float:  # the common cases first, one type() test each
+        return v
+    if type(v) is int:
+        try:
+            return float(v)
+        except OverflowError:  # 10**400
+            return math.inf if v > 0 else -math.inf
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    dtype = getattr(v, "dtype", None)
+    if dtype is not None and dtype.kind == "f" and dtype.itemsize < 8:
+        return float(str(v))
+    try:
+        return float(v)
+    except (OverflowError, ValueError, TypeError):  # a huge Integral of another kind
+        return math.inf
 
 
 def show(value: object) -> str:

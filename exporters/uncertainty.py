@@ -173,9 +173,9 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
             # the plan's own threshold, and each target accuracy's (the mixture differs)
             for key, thr in [(cascade_key(r["id"], wider), plan.get("threshold"))] + [
                     (cascade_key(r["id"], wider, t), e["threshold"])
-                    for t, e in plan.get("targets", {}).items()
-                    # the plan's own threshold: its quantiles serve (the runtime falls back)
-                    if e["threshold"] != plan.get("threshold")]:
+                    # (a target planned at the plan's own threshold is not listed: the
+                    # runtime falls back to the plan's quantiles)
+                    for t, e in plan.get("targets", {}).items()]:
                 if thr is None:
                     continue
                 mixed = np.where((p1.max(1) >= thr)[:, None], p1, p2)

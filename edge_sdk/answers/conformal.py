@@ -36,27 +36,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from edge_sdk.errors import InputError
+from edge_sdk.validation import real_value
 
-__all__ = ["METHODS", "add_top", "calibrate", "class_scores", "label_scores", "prediction_sets",
-           "real_number"]
+__all__ = ["METHODS", "add_top", "calibrate", "class_scores", "label_scores", "prediction_sets"]
 
 METHODS = ("lac", "aps", "raps")
-
-
-def real_number(v: object) -> float | None:
-    """``v`` as a float when it is a real number: a Python int or float, or a numpy integer or
-    floating scalar (``np.float32(0.1)``, what ``arr.mean()`` and friends hand back); None
-    otherwise, and for bools (``True`` is an int in Python, never a rate). A numpy float
-    narrower than 64 bits is read as the shortest decimal that rounds to it (``str``):
-    ``np.float32(0.01)`` is 0.0099999998 as a double, below the grid's 0.01, yet the caller wrote
-    0.01, and ``ceil((n + 1)(1 - alpha))`` must not move by a float32 rounding either."""
-    if isinstance(v, (bool, np.bool_)):
-        return None
-    if isinstance(v, np.floating) and v.dtype.itemsize < 8:
-        return float(str(v))
-    if isinstance(v, (int, float, np.integer, np.floating)):
-        return float(v)
-    return None
 
 
 def _probs(probs: ArrayLike) -> NDArray[np.float64]:
@@ -121,8 +105,8 @@ def calibrate(probs: ArrayLike, labels: ArrayLike, alpha: float = 0.1, method: s
               lam: float = 0.01, k_reg: int = 5, rng: np.random.Generator | None = None) -> float:
     """The conformal quantile: the ceil((n + 1)(1 - alpha))-th smallest calibration score
     (``inf`` when that exceeds n: then every set is every class). ``alpha``: a Python or numpy
-    real in (0, 1) (:func:`real_number`; a bool is refused)."""
-    a = real_number(alpha)
+    real in (0, 1) (:func:`real_value`; a bool is refused)."""
+    a = real_value(alpha)
     if a is None or not 0.0 < a < 1.0:
         raise InputError(f"alpha must be a number in (0, 1), got {alpha!r}")
     alpha = a

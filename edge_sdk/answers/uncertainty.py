@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edge_sdk.answers.conformal import METHODS, add_top, class_scores, real_number
+from edge_sdk.answers.conformal import METHODS, add_top, class_scores
 from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.store.container import decode_store
+from edge_sdk.validation import real_value
 
 __all__ = ["ALPHAS", "FILE_NAME", "INDEX_VERSION", "Uncertainty", "cascade_key",
            "check_alpha", "decode_bank"]
@@ -70,7 +71,7 @@ def cascade_key(first: str, second: str, target: str | None = None) -> str:
 
 def check_alpha(alpha: object, what: str = "alpha") -> float:
     """``alpha`` as a float in the grid's range [ALPHAS[0], ALPHAS[-1]]: a Python or numpy real
-    (``np.float32(0.1)`` is 0.1: :func:`edge_sdk.answers.conformal.real_number`), not a bool;
+    (``np.float32(0.1)`` is 0.1: :func:`edge_sdk.validation.real_value`), not a bool;
     ConfigError naming the grid otherwise.
 
     Outside the grid it is refused, neither capped nor extrapolated. Capping (what qhat did
@@ -80,7 +81,7 @@ def check_alpha(alpha: object, what: str = "alpha") -> float:
     all (ceil((n + 1)(1 - alpha)) > n: every class). Interpolating between grid points would
     not be the conformal quantile of any alpha either, so there the grid alpha below is used
     (:meth:`Uncertainty.qhat`): coverage stays >= 1 - alpha, which an app can rely on."""
-    a = real_number(alpha)
+    a = real_value(alpha)
     if a is None or not math.isfinite(a) or not ALPHAS[0] <= a <= ALPHAS[-1]:
         raise ConfigError(f"{what} must be a miscoverage rate in [{ALPHAS[0]}, {ALPHAS[-1]}], "
                           f"the range of the bundle's calibrated grid ({', '.join(map(str, ALPHAS))}; "

@@ -7,41 +7,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 from edge_sdk.errors import BudgetError
+from edge_sdk.validation import real_value
 
 
 # Bounds of every budget-like number (10**400 raised a raw OverflowError): far above
 # any real budget (a day; 1 TiB), low enough that sums and ratios of them stay finite.
 MAX_LATENCY_MS = 86_400_000.0
 MAX_MEMORY_MB = float(2 ** 20)
-
-
-def real_value(v: object) -> float | None:
-    """``v`` as a float when it is a real number: a Python int or float, or a numpy integer or
-    floating scalar (``np.float64(0.95)``, ``np.int64(50)``: what ``arr.mean()``, ``arr.max()``
-    and a YAML or JSON reader via numpy hand back); None for anything else, bools included
-    (``True`` is an int in Python and numpy's ``bool_`` is neither, yet neither is ever a
-    number of milliseconds, megabytes or a rate). A numpy float narrower than 64 bits is
-    read as the shortest decimal that rounds to it (``str``): ``np.float32(0.95)`` is
-    0.949999988 as a double, yet the caller wrote 0.95 (and the bundle's thresholds are keyed
-    by ``f"{0.95:g}"``). An int beyond float range is infinity (never OverflowError)."""
-    if type(v) is float:  # the common cases first, one type() test each
-        return v
-    if type(v) is int:
-        try:
-            return float(v)
-        except OverflowError:  # 10**400
-            return math.inf if v > 0 else -math.inf
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        return None
-    if isinstance(v, np.floating) and v.dtype.itemsize < 8:
-        return float(str(v))
-    try:
-        return float(v)
-    except (OverflowError, ValueError, TypeError):  # a huge Integral of another kind
-        return math.inf
 
 
 def bounded_number(v: object, what: str, maximum: float, unit: str,

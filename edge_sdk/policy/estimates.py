@@ -71,11 +71,9 @@ class Estimates:
             one = self.prior_latency_ms(c) + self.overhead_ms(c)
         if n == 1:
             return one
-        m = self._measured.get(c.id)
         # n single calls, scaled by what batches of n measured against that on this device
         # (any configuration's: one measured batch size informs the others' first choice)
-        return n * self._batch_ratio.get(n, 1.0) * (
-            one if m is None else self._blend(one, m[0], self._stale(m, self._clock())))
+        return n * self._batch_ratio.get(n, 1.0) * self._predicted(c, self._clock())
 
     def _learn_batch(self, config_id: str, n: int, estimate_ms: float) -> None:
         """Learn how a batch of ``n`` compares with n single calls (batch ratio) from a
@@ -85,11 +83,7 @@ class Estimates:
         c = self._by_id.get(config_id)
         if c is None:
             return
-        single = self._end_to_end_prior(c, 1)
-        m = self._measured.get(config_id)
-        if m is not None:
-            single = self._blend(single, m[0], self._stale(m, self._clock()))
-        r = estimate_ms / (n * single)
+        r = estimate_ms / (n * self._predicted(c, self._clock()))
         old = self._batch_ratio.get(n)
         self._batch_ratio[n] = r if old is None else 0.5 * (old + r)
 
@@ -162,14 +156,12 @@ class Estimates:
             new = None
         else:
             c = self._by_id.get(config_id)
-            prior = 0.0
+            prior, stale, w = 0.0, 0.0, self.ewma
             if old is None:  # the prior stands in for the missing third measurement
-                a, b, stale, w = last[1], last[1], 0.0, 1.0
-                if c is not None:
-                    a = prior = self._end_to_end_prior(c, n)
+                b = last[1]
+                a = b if c is None else self._end_to_end_prior(c, n)
             else:
                 a, b = last
-                stale, w = 0.0, self.ewma
                 # _stale, _blend and _end_to_end_prior inline: this runs on every call;
                 # a fresh estimate (no decision made since, younger than Policy._fresh_s:
                 # pinned calls back to back) has aged less than min(1e-3, ewma), so it

@@ -9,16 +9,16 @@ the fastest configuration that fits memory (else the smallest), flagged ``budget
 :class:`BudgetNotMetError` in strict mode, naming the shortfall in ms or MB).
 
 Predicted latency is an EWMA of end-to-end latencies measured on this device once there are any
-(fed the median of the last three, the first measurement held until a second confirms it:
-one outlier never moves an estimate), else a prior plus the SDK's own overhead: the prior is the device profile's figure (a measured
-profile's latency table, or a published profile's MACs-based estimate) when the runtime was given
-one, else the manifest's host-measured invoke latency, else a deliberately slow MACs-based
+(fed the median of the last three, the first measurement held until a second confirms it: one
+outlier never moves an estimate), else a prior plus the SDK's own overhead: the prior is the
+device profile's figure (a measured profile's latency table, or a published profile's MACs-based
+estimate) when the runtime was given one, else the manifest's host-measured invoke latency, else a deliberately slow MACs-based
 fallback; the overhead (time outside the interpreter) is measured at load and then learned from
 every call. A measurement ages: with no new observation its weight halves every ``half_life_s``
 seconds or every ``half_life_calls`` decisions, whichever comes first, towards the prior, so a
 configuration measured slow during a transient is tried again later instead of being shunned for
-good. Hysteresis: while the configuration chosen last still fits, a
-better one replaces it only if it fits with ``hysteresis`` (10 %) headroom below the budget.
+good. Hysteresis: while the configuration chosen last still fits, a better one replaces it only if
+it fits with ``hysteresis`` (10 %) headroom below the budget.
 
 :meth:`Policy.plan` turns the choice into the stages the runtime executes: one stage for the
 ``best`` policy; for ``cascade``, a cheaper first stage that answers when confident enough (the

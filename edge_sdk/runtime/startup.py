@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from edge_sdk.backends import BACKENDS, BackendError, resolve_name
-from edge_sdk.policy.budget import MAX_MEMORY_MB, bounded_number, real_value
+from edge_sdk.policy.budget import MAX_MEMORY_MB, bounded_number
 from edge_sdk.bundle.records import width_key
 from edge_sdk.answers.conformal import METHODS as CONFORMAL_METHODS
 from edge_sdk.errors import BundleError, ConfigError, ProfileError
 from edge_sdk.policy.plan import MODES
 from edge_sdk.policy.measured import find_cached, manifest_sha256
 from edge_sdk.policy.profiles import DeviceProfile, load_profile
-from edge_sdk.validation import show
+from edge_sdk.validation import real_value, show
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
     from edge_sdk.bundle.input_spec import InputSpec
 
+__all__ = ["MAX_WARM_BATCH", "WARM_CALLS", "synthetic_sample", "warm", "warm_set"]
+
+# end-to-end calls per configuration: the policy's estimate needs two (the first is held as a
+# possible outlier, the second confirms it), a precision variant's speed the median of three
+WARM_CALLS = 3
+# warm_up(batch_size=...): a batch is resized into every interpreter; far above any app's
+MAX_WARM_BATCH = 65536
+
 
 class Model(Protocol):
     """What warming needs of :class:`edge_sdk.runtime.model.EdgeModel` (a protocol: the
@@ -36,14 +44,6 @@ class Model(Protocol):
 
     def predict_batch(self, xs: Any, budget: Budget | None = None, *,
                       config_id: str | None = None) -> Any: ...
-
-__all__ = ["MAX_WARM_BATCH", "WARM_CALLS", "synthetic_sample", "warm", "warm_set"]
-
-# end-to-end calls per configuration: the policy's estimate needs two (the first is held as a
-# possible outlier, the second confirms it), a precision variant's speed the median of three
-WARM_CALLS = 3
-# warm_up(batch_size=...): a batch is resized into every interpreter; far above any app's
-MAX_WARM_BATCH = 65536
 
 
 def synthetic_sample(spec: InputSpec, n: int = 1) -> np.ndarray:

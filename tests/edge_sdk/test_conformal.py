@@ -9,6 +9,7 @@ import pytest
 
 from edge_sdk.answers import conformal as CF
 from edge_sdk.errors import InputError
+from edge_sdk.validation import real_value
 
 
 def _data(rng, n, C=6):
@@ -181,7 +182,7 @@ def test_numpy_scalars_are_numbers_and_bools_are_not():
     assert CF.calibrate(p, y, np.float32(0.01)) == CF.calibrate(p, y, 0.01) < float("inf")
     for a in (np.float32(0.1), np.float64(0.1), np.float16(0.1)):
         assert CF.calibrate(p, y, a) == CF.calibrate(p, y, 0.1)
-    assert CF.real_number(np.float32(0.3)) == 0.3 and CF.real_number(np.int64(1)) == 1.0
+    assert real_value(np.float32(0.3)) == 0.3 and real_value(np.int64(1)) == 1.0
     for bad in (True, np.bool_(False), "0.1", None):
         with pytest.raises(InputError, match="alpha must be"):
             CF.calibrate(p, y, bad)

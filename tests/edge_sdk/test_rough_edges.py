@@ -21,16 +21,11 @@ from edge_sdk.cli.device import abstain_reasons, plain_line
 from edge_sdk.cli.main import main
 from edge_sdk.errors import (BudgetError, BundleError, ConfigError, InputError, ProfileError,
                              SigningKeyError)
-from edge_sdk.policy.budget import Budget, real_value
+from edge_sdk.policy.budget import Budget
+from edge_sdk.validation import real_value
+from test_runtime_bad_inputs import PLENTY_MB, model  # noqa: F401 (model: a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-PLENTY_MB = 1e6
-
-
-@pytest.fixture(scope="module")
-def model(bundle):
-    return edge_sdk.load(bundle, memory_reader=lambda: PLENTY_MB)
-
 
 @pytest.fixture(scope="module")
 def xs(model):
@@ -169,22 +164,6 @@ def test_width_takes_numpy_numbers_and_refuses_bools(model, x):
     for bad in (True, np.bool_(True)):
         with pytest.raises(ConfigError, match="width must be a number"):
             model.predict(x, width=bad)
-
-
-def test_the_common_case_of_real_value_is_one_type_test():
-    """The hot path's numbers (a Python float or int) never reach an isinstance chain: the
-    ABC checks numpy scalars need cost ~0.5 us each."""
-    import time
-    n = 20000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        real_value(0.95)
-    fast = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(n):
-        real_value(np.float32(0.95))
-    slow = time.perf_counter() - t0
-    assert fast < slow
 
 
 # ------------------------------------------------------------------- None and paths to predict

@@ -7,29 +7,14 @@ import re
 
 import numpy as np
 import pytest
-
-
-def _softmax(z):
-    e = np.exp(z - z.max(1, keepdims=True))
-    return e / e.sum(1, keepdims=True)
-
-
-def _case(n=3000, c=5, seed=1):
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, c, n)
-
-    def probs(skill):
-        z = rng.normal(0, 1, (n, c))
-        z[np.arange(n), labels] += skill * rng.uniform(0, 3, n)
-        return _softmax(z)
-    return probs(1.0), probs(2.5), labels  # narrow, wide
+from test_export import _cascade_case
 
 
 @pytest.mark.parametrize("max_loss", [0.0, 0.002, 0.02])
 def test_each_target_gets_the_largest_coverage_that_reaches_it(max_loss):
     from exporters.calibrate import cascade_threshold
 
-    narrow, wide, labels = _case()
+    narrow, wide, labels = _cascade_case(wide_skill=2.5)
     targets = (0.5, 0.7, 0.8, 0.9, 0.99)
     plan = cascade_threshold(narrow, wide, labels, max_loss, targets)
     conf = narrow.max(1)

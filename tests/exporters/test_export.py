@@ -642,14 +642,14 @@ def test_latency_and_memory(checkpoints, calib):
 
 
 # ----------------------------------------------------------------------------- cascade plans
-def _cascade_case(n=3000, c=5, seed=1):
+def _cascade_case(n=3000, c=5, seed=1, wide_skill=2.0):
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, c, n)
     def probs(skill):
         z = rng.normal(0, 1, (n, c))
         z[np.arange(n), labels] += skill * rng.uniform(0, 3, n)
         return _softmax(z)
-    return probs(1.0), probs(2.0), labels  # narrow, wide
+    return probs(1.0), probs(wide_skill), labels  # narrow, wide
 
 
 @pytest.mark.parametrize("max_loss", [0.0, 0.002, 0.01, 0.05])
