@@ -420,7 +420,16 @@ def main() -> None:
                    "and variant in the sdk section (medians)")
     p.add_argument("--config", action="append", default=None, metavar="ID",
                    help="only this configuration (repeatable; the sdk section)")
+    p.add_argument("--plain", default=None, help="the same checkpoint exported with "
+                   "--no-uncertainty and --other, a model to interleave: the loop section "
+                   "(benchmarks/app_loop.py, --only loop)")
+    p.add_argument("--other", default=None)
     args = p.parse_args()
+    if args.only == "loop":  # what an app's loop pays for the answer's fields
+        from app_loop import loop_table
+
+        loop_table(args.bundle, args.plain, args.other, args.sdk_calls, 10)
+        return
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     if only:

@@ -78,15 +78,35 @@ def read_uncertainty(bundle: Path, manifest: dict) -> tuple[dict, dict] | None:
     return header["index"], arrays
 
 
-def ood_score(index: dict, arrays: dict, width_key: str, features: np.ndarray) -> float:
-    """Minus the cosine similarity to the k-th nearest training image's features; the int8
-    bank rows are unit vectors once renormalised."""
+def ood_score(index: dict, arrays: dict, width_key: str, features: np.ndarray,
+              z: np.ndarray) -> float:
+    """The score the runtime appends to the slice's graph (edge_sdk/answers/ood_graph.py),
+    here in numpy from the plain interpreter's outputs: u = f / max(|f|, 1e-6), then minus
+    the cosine to the nearest bank row (index version 2: prototypes, k = 1; version 1: the
+    k-th of 1,000 rows), plus for "energy+knn" the energy -logsumexp(z) of the (sample-mean)
+    logits, both z-normalised. The int8 bank rows are unit vectors once renormalised."""
     bank = arrays[f"{width_key}/bank"].astype(np.float32)
     bank /= np.linalg.norm(bank, axis=1, keepdims=True)
-    f = features.reshape(-1)
-    sims = bank @ f / max(float(np.linalg.norm(f)), 1e-12)
+    f = features.reshape(-1).astype(np.float32)
+    sims = bank @ (f / max(float(np.linalg.norm(f)), 1e-6))
     k = index["k"]
-    return -float(np.partition(sims, len(sims) - k)[len(sims) - k])
+    knn = -float(np.partition(sims, len(sims) - k)[len(sims) - k])
+    if index["score"] == "knn":
+        return knn
+    (me, se), (mk, sk) = (index["widths"][width_key]["fuse"][n] for n in ("energy", "knn"))
+    zm = z.astype(np.float64).mean(0)
+    energy = -float(zm.max() + np.log(np.exp(zm - zm.max()).sum()))
+    return (energy - me) / se + (knn - mk) / sk
+
+
+def lac_quantile(index: dict, arrays: dict, config_id: str, alpha: float = 0.1) -> float:
+    """The LAC quantile of a configuration (version 2: one float32 array [keys, methods,
+    alphas]; version 1: JSON lists, None = every class)."""
+    a = index["alphas"].index(alpha)
+    if index["version"] == 1:
+        q = index["configs"][config_id]["lac"][a]
+        return math.inf if q is None else q
+    return float(arrays["quantiles"][index["quantile_keys"].index(config_id), 0, a])
 
 
 def choose(manifest: dict, config_id: str | None) -> dict:
@@ -157,6 +177,7 @@ def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95",
     """Temperature, sample averaging, uncertainty, the OOD score and the conformal set, and
     the abstain rule (below the confidence threshold, out of distribution, or a suspect
     input)."""
+    z_raw = z
     z = z.astype(np.float64) / config["temperature"]  # the same T divides every sample
     z -= z.max(-1, keepdims=True)
     p_s = np.exp(z) / np.exp(z).sum(-1, keepdims=True)  # softmax per posterior sample
@@ -175,10 +196,9 @@ def answer(manifest: dict, config: dict, z: np.ndarray, target: str = "0.95",
         index, arrays = unc
         wk = f"{config['width']:.2f}"
         if config["scope"] != "all" and features is not None:  # all: no score
-            score = ood_score(index, arrays, wk, features)
+            score = ood_score(index, arrays, wk, features, z_raw)
             inside = score <= index["widths"][wk]["threshold"]
-        q = index["configs"][config["id"]]["lac"][index["alphas"].index(0.1)]
-        q = math.inf if q is None else q  # None: every class
+        q = lac_quantile(index, arrays, config["id"])
         # LAC, plus the label itself: every set holds the answer (docs/uncertainty.md)
         pset = [i for i, v in enumerate(p.tolist()) if v >= 1.0 - q or i == label]
     return {

@@ -79,9 +79,12 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--no-input-stats", action="store_true",
                    help="no input_stats in the manifest: answers carry input_suspect None "
                         "(no check of a sample's raw statistics against the training split)")
-    p.add_argument("--ood-bank-rows", type=int, default=1000,
-                   help="training images in each width's KNN bank (bytes: rows x feature "
-                        "dim per width; default 1000)")
+    p.add_argument("--ood-score", choices=["knn", "energy+knn"], default=None,
+                   help="the OOD score (default: the screen's pick, docs/uncertainty.md)")
+    p.add_argument("--ood-prototypes", type=int, default=None,
+                   help="bank prototypes per class and width (bytes: classes x this x "
+                        "feature dim per width, before deflate)")
+    p.add_argument("--ood-bits", type=int, default=None, help="bits per bank value (2..8)")
     p.add_argument("--no-measure", action="store_true", help="skip latency and memory runs")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
@@ -92,6 +95,12 @@ def export_main(argv: list[str]) -> int:
         p.error("--samples must be >= 1")
 
     from exporters.export import ExportOptions, export_bundle
+    from exporters.uncertainty import OodBank
+
+    def _ood_bank(a: argparse.Namespace) -> OodBank:
+        d = OodBank()
+        return OodBank(a.ood_score or d.score, a.ood_prototypes or d.per_class,
+                       a.ood_bits or d.bits)
 
     _quiet_interpreter_log()
     opts = ExportOptions(widths=args.widths, samples=args.samples,
@@ -102,7 +111,7 @@ def export_main(argv: list[str]) -> int:
                          calib_data=args.calib_data, eval_data=args.eval_data,
                          ood_data=args.ood_data, cascade_max_loss=args.cascade_max_loss,
                          max_eval=args.max_eval, device=args.device, layout=args.layout,
-                         uncertainty=not args.no_uncertainty, ood_bank_rows=args.ood_bank_rows,
+                         uncertainty=not args.no_uncertainty, ood_bank=_ood_bank(args),
                          input_stats=not args.no_input_stats)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_calibration_warning(warnings.showwarning)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -95,10 +95,9 @@ class ExportOptions:
     # the training split's per-channel raw statistics in the manifest, so the
     # runtime flags inputs unlike the training data (Prediction.input_suspect)
     input_stats: bool = True
-    # training images in each width's KNN bank (int8, rows x feature dim bytes per width):
-    # 1,000 is what the screen measured (benchmarks/results/ood_scores_*.md: better than the
-    # whole 18k split on cifar10_dev, 1.6-3x cheaper to score); fewer rows, fewer bytes
-    ood_bank_rows: int = 1000
+    # the OOD score and its bank (exporters.uncertainty.OodBank: the screen's pick,
+    # docs/uncertainty.md "The bank screen")
+    ood_bank: Any = None
 
 
 def snapped_widths(model, widths: Sequence[float], log=print) -> list[float]:
@@ -275,7 +274,7 @@ def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
     """(manifest entry, bytes, report) of ``uncertainty.bin``, or Nones without point scope."""
     from edge_sdk import bundle as B
     from edge_sdk.answers.uncertainty import FILE_NAME
-    from exporters.uncertainty import bank_rows, fit_uncertainty
+    from exporters.uncertainty import OodBank, fit_uncertainty
 
     # the bank and its threshold from each width's float point slice, shared by the width's
     # other precisions (each scores its own features)
@@ -284,11 +283,11 @@ def _uncertainty(out_cfg, configs, train_ds, opts: ExportOptions, log):
     if not points:
         log("uncertainty: no point scope exported, so no OOD score or conformal sets")
         return None, None, None
+    # the whole training split: the prototypes summarise it (the bank's bytes do not grow)
     ty = train_ds.y.numpy()
-    pick = bank_rows(ty, opts.ood_bank_rows, opts.seed)
-    tx = train_ds.x[pick].permute(0, 2, 3, 1).contiguous().numpy()
-    blob, report = fit_uncertainty(configs, out_cfg.val_probs, points, (tx, ty[pick]),
-                                   out_cfg.ev, rows=len(pick), seed=opts.seed, log=log)
+    tx = train_ds.x.permute(0, 2, 3, 1).contiguous().numpy()
+    blob, report = fit_uncertainty(configs, out_cfg.val_probs, points, (tx, ty), out_cfg.ev,
+                                   bank=opts.ood_bank or OodBank(), seed=opts.seed, log=log)
     return B.file_entry(FILE_NAME, blob).to_dict(), blob, report
 
 

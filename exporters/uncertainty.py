@@ -3,20 +3,21 @@ the conformal quantiles, from in-distribution data only, through the exported sl
 
 Per width, through that width's exported point slice (its second output, the features):
 
-- the KNN bank: ``rows`` training images (a class-stratified random draw of the *training*
-  split; never validation, test or OOD data), their features L2-normalised and stored as int8
-  (``round(127 u)``); ``k`` = 10. Why 10 and a 1,000-image bank by default: the 8 declared
-  scores were screened on the first halves of the OOD sets (benchmarks/ood_scores.py,
-  docs/uncertainty.md) and KNN with k = 10 won across both datasets; the bank's size is a cost
-  and bytes choice (one matrix-vector product per call; ``ood_bank_rows`` trades bytes for
-  quality), not an OOD-tuned one;
-- the threshold: the score below which 95 % of the *validation* images fall.
+- the bank: ``per_class`` class-balanced spherical-k-means prototypes of the L2-normalised
+  features of the whole *training* split (never validation, test or OOD data;
+  :func:`exporters.ood_bank.class_prototypes`), stored as int8 codes on a ``bits``-bit grid per
+  row (:func:`exporters.ood_bank.row_codes`); the score is minus the cosine to the nearest
+  prototype (``knn``, k = 1), or that z-normalised and added to the z-normalised energy
+  (``energy+knn``; the z-statistics from *validation* scores). Which, and the bank's size:
+  the screen of docs/uncertainty.md ("The bank screen"), on the first halves of the OOD sets;
+- the threshold: the score below which 95 % of the *validation* images fall, computed by the
+  very graph the runtime appends (:mod:`edge_sdk.answers.ood_graph`), through the interpreter.
 
 Per configuration: split-conformal quantiles of its calibrated validation probabilities for
 LAC, APS and RAPS at every alpha of :data:`edge_sdk.answers.uncertainty.ALPHAS`; per two-stage
 cascade plan, the same for the plan's composite answer (the first configuration's
 probabilities where it is confident enough, the second's elsewhere), so a cascade's sets are
-calibrated for what the cascade answers.
+calibrated for what the cascade answers. One float16 array (rounded up: sets only grow).
 
 The test split and an OOD set (when the export has one) only *measure*: per point
 configuration the share of test images accepted, the OOD AUROC / FPR95 / AUPR of the score,
@@ -26,6 +27,7 @@ and the conformal coverage, mean set size and worst class coverage at alpha 0.05
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -34,15 +36,27 @@ from ai_edge_litert.interpreter import Interpreter
 from edge_sdk.answers import metrics as M
 from edge_sdk.answers.conformal import METHODS, add_top, calibrate, class_scores
 from edge_sdk.errors import ConfigError
-from edge_sdk.answers.ood import l2_normalise
+from edge_sdk.answers.graph import runtime_graph
+from edge_sdk.answers.ood import energy_score, l2_normalise
+from edge_sdk.answers.ood_graph import OodGraph, ood_numpy
 from edge_sdk.store import Store, compress_store, encode_store
-from edge_sdk.answers.uncertainty import (ALPHAS, BANK_SCALE, INDEX_VERSION, Uncertainty, WidthStats,
-                                  cascade_key, decode_bank)
+from edge_sdk.answers.uncertainty import (ALPHAS, INDEX_VERSION, SCORES, cascade_key, decode_bank,
+                                          fuse_weights, quantile_array)
+from exporters.ood_bank import class_prototypes, row_codes
 
-__all__ = ["REPORT_ALPHAS", "bank_rows", "fit_uncertainty", "run_outputs"]
+__all__ = ["OodBank", "REPORT_ALPHAS", "bank_rows", "fit_uncertainty", "run_outputs"]
 
 REPORT_ALPHAS = (0.05, 0.1, 0.2)
 RAPS = {"lam": 0.01, "k_reg": 5}  # Angelopoulos et al. 2021's defaults for ten-ish classes
+
+
+@dataclass(frozen=True)
+class OodBank:
+    """The shipped score and bank (docs/uncertainty.md, "The bank screen")."""
+
+    score: str = "knn"  # "knn": -(nearest prototype's cosine); "energy+knn": fused with energy
+    per_class: int = 4  # prototypes per class
+    bits: int = 8  # each row's grid: 2**(bits-1) - 1 levels either side of 0
 
 
 def run_outputs(model: bytes, xs: np.ndarray, batch: int = 256) -> tuple[np.ndarray, ...]:
@@ -103,9 +117,18 @@ def _coverage(probs: np.ndarray, labels: np.ndarray, q: float | None, method: st
             "worst_class": float(f"{min(per_class):.4g}")}
 
 
+def _scores(buf: bytes, spec: OodGraph, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, OOD scores) of ``xs`` through ``buf`` with the runtime's score ops appended:
+    the scores the device computes, from the interpreter itself."""
+    outs = run_outputs(runtime_graph(buf, None, None, ood=spec), xs)
+    if len(outs) != 3:
+        raise ConfigError("the slice could not take the OOD score's ops (features output?)")
+    return outs[0], outs[2][:, 0]
+
+
 def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray],
                     points: Mapping[str, tuple[str, bytes]], train: tuple[np.ndarray, np.ndarray],
-                    ev, *, rows: int = 1000, k: int = 10, accept: float = 0.95,
+                    ev, *, bank: OodBank = OodBank(), accept: float = 0.95,
                     seed: int = 0, log=print) -> tuple[bytes, dict]:
     """``uncertainty.bin``'s bytes and the measured figures for ``source.uncertainty``.
 
@@ -114,46 +137,53 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
     point configuration's id and the bytes of its slice (with the features output);
     ``train``: (NHWC inputs, labels) of the training split; ``ev``:
     :class:`exporters.configs.EvalSets`."""
-    if not isinstance(k, int) or k < 1 or not isinstance(rows, int) or rows < k:
-        raise ConfigError(f"the KNN bank needs integers rows >= k >= 1, got rows={rows!r}, "
-                          f"k={k!r}")
+    if bank.score not in SCORES or not isinstance(bank.per_class, int) or bank.per_class < 1 \
+            or not isinstance(bank.bits, int) or not 2 <= bank.bits <= 8:
+        raise ConfigError(f"the OOD bank needs a score in {SCORES}, per_class >= 1 and bits in "
+                          f"2..8, got {bank}")
     if not points:
         raise ConfigError("uncertainty statistics need the point scope (its slices' features)")
     train_x, train_y = train
-    pick = bank_rows(train_y, rows, seed)
-    index: dict = {"version": INDEX_VERSION, "score": "knn", "k": k, "accept": accept,
-                   "alphas": list(ALPHAS), "raps": dict(RAPS), "bank_from": "training split",
-                   "widths": {}, "configs": {}, "cascades": {}}
+    index: dict = {"version": INDEX_VERSION, "score": bank.score, "k": 1, "accept": accept,
+                   "alphas": list(ALPHAS), "raps": dict(RAPS),
+                   "bank": {"from": "training split", "prototypes_per_class": bank.per_class,
+                            "bits": bank.bits},
+                   "widths": {}}
     arrays: dict[str, np.ndarray] = {}
-    report: dict = {"score": f"knn{k}", "bank_rows": int(len(pick)), "accept": accept,
-                    "widths": {}}
+    report: dict = {"score": bank.score, "prototypes_per_class": bank.per_class,
+                    "bits": bank.bits, "accept": accept, "widths": {}}
     by_id = {r["id"]: r for r in records}
     for wk, (cid, buf) in points.items():
-        outs = run_outputs(buf, train_x[pick])
+        outs = run_outputs(buf, train_x)
         if len(outs) != 2:
             raise ConfigError(f"{cid}: the slice has no features output (export it with "
                               f"features=True)")
-        bank = np.round(l2_normalise(outs[1]) * BANK_SCALE).astype(np.int8)
-        arrays[f"{wk}/bank"] = bank
-        # the threshold from the very scores the device computes (int8 bank, float32 maths)
-        stats = Uncertainty({"k": k, "accept": accept, "raps": RAPS},
-                            {wk: WidthStats(decode_bank(bank), 0.0, bank.shape[1])}, {})
-        _, val_f = run_outputs(buf, ev.val_x)
-        s_val = stats.score(wk, val_f)
+        protos = class_prototypes(l2_normalise(outs[1]), train_y, bank.per_class, seed=seed)
+        codes = row_codes(protos, bank.bits)
+        arrays[f"{wk}/bank"] = codes
+        spec = OodGraph(decode_bank(codes))
+        entry: dict = {"dim": int(codes.shape[1]), "rows": int(codes.shape[0])}
+        if bank.score == "energy+knn":  # z-statistics of validation scores
+            val_logits, val_f = run_outputs(buf, ev.val_x)
+            e, k = energy_score(val_logits), ood_numpy(spec, val_f)
+            entry["fuse"] = {"energy": [float(e.mean()), float(e.std())],
+                             "knn": [float(k.mean()), float(k.std())]}
+            spec = OodGraph(spec.bank, fuse_weights(tuple(entry["fuse"]["energy"]),
+                                                    tuple(entry["fuse"]["knn"])))
+        # the threshold from the very scores the device computes (the appended graph)
+        _, s_val = _scores(buf, spec, ev.val_x)
         n = len(s_val)
         threshold = float(np.sort(s_val)[min(math.ceil(accept * n), n) - 1])
-        index["widths"][wk] = {"threshold": threshold, "dim": int(bank.shape[1]),
-                               "rows": int(bank.shape[0])}
-        test_logits, test_f = run_outputs(buf, ev.test_x)
-        s_test = stats.score(wk, test_f)
+        entry["threshold"] = threshold
+        index["widths"][wk] = entry
+        test_logits, s_test = _scores(buf, spec, ev.test_x)
         t = by_id[cid]["temperature"]
         test_p = M.softmax(test_logits.astype(np.float64), temperature=t)
-        row: dict = {"config": cid, "dim": int(bank.shape[1]), "threshold": threshold,
-                     "bank_bytes": int(bank.nbytes),
+        row: dict = {"config": cid, "dim": int(codes.shape[1]), "rows": int(codes.shape[0]),
+                     "threshold": threshold, "bank_bytes": int(codes.nbytes),
                      "test_accepted": float(f"{(s_test <= threshold).mean():.4g}")}
         if ev.ood_x is not None:
-            _, ood_f = run_outputs(buf, ev.ood_x)
-            s_ood = stats.score(wk, ood_f)
+            _, s_ood = _scores(buf, spec, ev.ood_x)
             row["ood"] = {"auroc": float(f"{M.ood_auroc(s_test, s_ood):.4g}"),
                           "fpr95": float(f"{M.ood_fpr_at_tpr(s_test, s_ood):.4g}"),
                           "aupr": float(f"{M.ood_aupr(s_test, s_ood):.4g}"),
@@ -163,11 +193,13 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
                                                     q[m][ALPHAS.index(a)], m)
                             for m in ("lac",) for a in REPORT_ALPHAS}
         report["widths"][wk] = row
-        log(f"uncertainty w{wk}: knn{k} over {bank.shape[0]} x {bank.shape[1]}, threshold "
-            f"{threshold:.4f}, test accepted {row['test_accepted']:.3f}"
+        log(f"uncertainty w{wk}: {bank.score} over {codes.shape[0]} x {codes.shape[1]} "
+            f"({bank.bits}-bit), threshold {threshold:.4f}, test accepted "
+            f"{row['test_accepted']:.3f}"
             + (f", OOD AUROC {row['ood']['auroc']:.3f}" if "ood" in row else ""))
+    table: dict[str, dict] = {}
     for r in records:
-        index["configs"][r["id"]] = _quantiles(val_probs[r["id"]], ev.val_y)
+        table[r["id"]] = _quantiles(val_probs[r["id"]], ev.val_y)
         for wider, plan in r.get("cascade", {}).items():
             p1, p2 = val_probs[r["id"]], val_probs[wider]
             # the plan's own threshold, and each target accuracy's (the mixture differs)
@@ -179,9 +211,9 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
                 if thr is None:
                     continue
                 mixed = np.where((p1.max(1) >= thr)[:, None], p1, p2)
-                index["cascades"][key] = _quantiles(mixed, ev.val_y)
-    # deflated (the container's version 2) when smaller, as the weight store: the int8 codes
-    # of unit vectors are far from random bytes (cifar10_dev: 326,960 -> 214,015 B)
+                table[key] = _quantiles(mixed, ev.val_y)
+    index["quantile_keys"], arrays["quantiles"] = quantile_array(table)
+    # deflated (the container's version 2) when smaller, as the weight store
     plain = encode_store(Store(index, arrays))
     packed = compress_store(plain)
     data = packed if len(packed) < len(plain) else plain

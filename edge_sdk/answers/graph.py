@@ -53,6 +53,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from edge_sdk.answers.ood_graph import OodGraph, append_ood
 from edge_sdk.errors import ConfigError, SliceError
 from edge_sdk.tflite.tensors import Op, Tensor
 from edge_sdk.tflite.reader import read_graph
@@ -81,15 +82,20 @@ class RawInput:
 
 
 def runtime_graph(data: bytes, raw: RawInput | None, answer: tuple[float, int] | None,
-                  what: str = "slice") -> bytes:
+                  what: str = "slice", ood: OodGraph | None = None) -> bytes:
     """``data`` (a verified slice) as the runtime runs it: fed ``raw`` samples (None: the
     slice's own normalised input), and with ``answer = (temperature, samples)`` the
     :data:`ANSWER` output appended when its first output is logits ``[samples, C]`` (else
     left out: the runtime then answers from the logits in Python, as before). One read and
-    one write of the flatbuffer (~6 ms, part of the interpreter's first-use cost)."""
+    one write of the flatbuffer (~6 ms, part of the interpreter's first-use cost). ``ood``:
+    the out-of-distribution score's ops appended after the features
+    (:mod:`edge_sdk.answers.ood_graph`; left out when the slice has no features of the bank's
+    size: the runtime then scores in numpy)."""
     graph, weights = read_graph(data, what)  # a fresh graph and weights dict: ours to edit
     if raw is not None:
         _raw_input(graph, weights, raw, what)
+    if ood is not None:  # before the answer: it reads the slice's own outputs 0 and 1
+        append_ood(graph, weights, ood)
     if answer is not None:
         _answer(graph, *answer)
     return _write(graph, weights, what)

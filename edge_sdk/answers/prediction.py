@@ -14,6 +14,7 @@ from edge_sdk.answers.maths import (BatchProbs, Lazy, _readonly, batch_entropy,
                                    batch_probabilities, probabilities)
 
 if TYPE_CHECKING:
+    from edge_sdk.answers.uncertainty import Uncertainty
     from edge_sdk.bundle.configuration import Configuration
 
 
@@ -70,10 +71,10 @@ class Prediction:
 
     if not TYPE_CHECKING:  # (mypy keeps flagging misspelt attributes)
         def __getattr__(self, name: str) -> Any:
-            # an answer made by lean_answer() computes ``probs``, ``entropy`` and
-            # ``mutual_info`` (those it was not given) when one is first read: 1-10 us of a
-            # call that reads only label and confidence; every field is then a plain
-            # attribute, as for any other prediction
+            # an answer made by lean_answer() computes ``probs``, ``entropy``,
+            # ``mutual_info`` (those it was not given) and ``prediction_set`` when one is first
+            # read: 1-10 us of a call that reads only label and confidence; every field is
+            # then a plain attribute, as for any other prediction
             d = self.__dict__
             lazy = d.get("_lazy")
             if lazy is None or name not in _LAZY:
@@ -82,6 +83,13 @@ class Prediction:
             d.update(fn(*args))
             del d["_lazy"]
             return d[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled and copied with every field made (the lazy ones' arguments hold the
+        # interpreter's arrays and the bundle's statistics, which are not the answer's)
+        if "_lazy" in self.__dict__:
+            getattr(self, "entropy")  # (no class default: __getattr__ makes every lazy field)
+        return self.__dict__
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values (JSON-ready: ``probs`` a list of floats)."""
@@ -104,28 +112,46 @@ class Prediction:
 
 
 _FIELDS = tuple(f.name for f in fields(Prediction))
-_LAZY = frozenset({"probs", "entropy", "mutual_info"})
+# the set is made when first read (lean_answer): a class attribute holding the field's default
+# would be found before __getattr__ is asked, so it goes (__init__ keeps its default)
+delattr(Prediction, "prediction_set")
+_LAZY = frozenset({"probs", "entropy", "mutual_info", "prediction_set"})
 
 
 def lean_answer(c: Configuration, labels: Sequence[str], label: int, confidence: float,
                 lazy: Lazy, abstain: bool,
                 latency_ms: float, invoke_ms: float, met: bool, input_suspect: bool | None,
-                probs: np.ndarray | None = None) -> Prediction:
-    """:func:`answer` of a one-sample call without uncertainty statistics, the fields
-    ``lazy`` computes (``(function, arguments)``) made when first read
-    (``Prediction.__getattr__``): a point's probs, entropy and mutual information (0), a
-    head's entropy and mutual information, and its probs unless given."""
+                probs: np.ndarray | None = None, ood_score: float | None = None,
+                in_distribution: bool | None = None, lazy_set: bool = False) -> Prediction:
+    """:func:`answer` of a one-sample call, the fields ``lazy`` computes (``(function,
+    arguments)``) made when first read (``Prediction.__getattr__``): a point's probs, entropy
+    and mutual information (0), a head's entropy and mutual information, its probs unless
+    given, and (``lazy_set``: ``lazy`` is :func:`with_set`'s) the prediction set."""
     p = _new(Prediction)
     d = p.__dict__
     d.update(label=label, class_name=labels[label], _lazy=lazy, confidence=confidence,
              abstain=abstain, width=c.width, scope=c.scope, samples=c.samples,
              config_id=c.id, latency_ms=latency_ms, budget_met=met, invoke_ms=invoke_ms,
-             batch_size=1, ood_score=None, in_distribution=None, prediction_set=None,
+             batch_size=1, ood_score=ood_score, in_distribution=in_distribution,
              input_suspect=input_suspect)
+    if not lazy_set:
+        d["prediction_set"] = None
     if probs is not None:
         d["probs"] = probs
     return p
 
+
+def with_set(inner: Lazy, unc: Uncertainty, qhat: float, method: str, label: int,
+             probs: np.ndarray | None) -> dict[str, Any]:
+    """The lazy fields of ``inner`` and the conformal set at ``qhat`` (holding ``label``,
+    the non-empty rule), made from the same probabilities (``probs`` when they were given)
+    when any of them is first read: a call that reads only label, confidence and the OOD
+    verdict never builds it."""
+    fn, args = inner
+    out = fn(*args)
+    p = out["probs"] if probs is None else probs
+    out["prediction_set"] = unc.set_one(p.tolist(), qhat, method, label)
+    return out
 
 
 # a Draft's probabilities: a list (one sample, :func:`draft`) or a read-only row (a batch,

@@ -9,21 +9,28 @@ same file in both layouts, so ``edge-sdk materialize`` copies it as it is.
 What it holds, per width (every point and head configuration of a width reads the same
 features: the head scope shares the point backbone):
 
-- ``score: knn`` (Sun et al. 2022, "Out-of-distribution detection with deep nearest
-  neighbors"): minus the cosine similarity of the slice's penultimate features (the input of
-  its final linear layer, the slice's second output) to the ``k``-th nearest of ``rows``
-  L2-normalised training features (``<width>/bank``, int8: ``round(127 * unit vector)``;
-  :func:`edge_sdk.answers.ood.knn_score` is the reference). Picked among 8 declared scores on the
-  first halves of the OOD sets (docs/uncertainty.md); higher = less like the training data.
+- the bank (``<width>/bank``, int8 codes of L2-normalised training features, each row on its
+  own grid, renormalised when loaded: :func:`decode_bank`) and the score (``score``):
+  index version 2 (schema 9 exports): ``knn`` with ``k = 1``, minus the cosine similarity of the
+  slice's penultimate features (its second output) to the nearest bank row, the rows
+  class-balanced spherical-k-means prototypes of the training split (``bank``: how many per
+  class, how many bits), or ``energy+knn``, that plus the energy, z-normalised with validation
+  statistics (``fuse``). Computed inside the interpreter (:mod:`edge_sdk.answers.ood_graph`);
+  chosen by the screen in docs/uncertainty.md. Index version 1 (earlier exports): ``knn``
+  with ``k`` = 10 over 1,000 random training rows, scored in numpy (:meth:`Uncertainty.score_one`).
+  Higher = less like the training data;
 - ``threshold``: the score at which 95 % (``accept``) of in-distribution *validation* images
   are accepted; ``in_distribution = score <= threshold``.
 
 And per configuration (and per two-stage cascade plan, whose answer mixes two
 configurations), split-conformal quantiles ``qhat`` of the validation scores for each method
 (``lac``, ``aps``, ``raps``; :mod:`edge_sdk.answers.conformal`) and each ``alpha`` of a fixed grid
-(``alphas``; ``null`` = the quantile is beyond the calibration set: every class). A requested
-alpha between grid points uses the largest grid alpha below it, so coverage stays >= 1 - alpha
-(conservative, never optimistic); an alpha outside the grid's range is refused
+(``alphas``; ``null`` / ``inf`` = the quantile is beyond the calibration set: every class);
+version 2 stores them as one float16 array ``quantiles [keys, methods, alphas]`` (rounded up
+to float16, at most 0.1 % above: a set can only grow), named by ``quantile_keys``, a sixth of
+the JSON's bytes.
+A requested alpha between grid points uses the largest grid alpha below it, so coverage stays
+>= 1 - alpha (conservative, never optimistic); an alpha outside the grid's range is refused
 (:func:`check_alpha`). Every set holds the answer's label (the non-empty rule,
 :mod:`edge_sdk.answers.conformal`).
 """
@@ -38,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.answers.conformal import METHODS, add_top, class_scores
+from edge_sdk.answers.ood_graph import OodGraph, ood_numpy
 from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.store.container import decode_store
 from edge_sdk.validation import real_value
@@ -46,7 +54,8 @@ __all__ = ["ALPHAS", "FILE_NAME", "INDEX_VERSION", "Uncertainty", "cascade_key",
            "check_alpha", "decode_bank"]
 
 FILE_NAME = "uncertainty.bin"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # what the exporter writes; version 1 is read too
+SCORES = ("knn", "energy+knn")
 # the conformal grid (docs/uncertainty.md): what an app may ask for without recalibrating
 # (the usual 0.05, 0.1 and 0.2; finer steps near them, coarser beyond)
 ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -105,6 +114,70 @@ class WidthStats:
     bank: npt.NDArray[np.float32]  # [rows, D], L2-normalised rows (decoded from int8)
     threshold: float
     dim: int
+    # the fused score's a * energy + b * knn + c (version 2, score energy+knn)
+    fuse: tuple[float, float, float] | None = None
+
+
+def fuse_weights(energy: tuple[float, float], knn: tuple[float, float]
+                 ) -> tuple[float, float, float]:
+    """(a, b, c) of ``z(energy) + z(knn) = a * energy + b * knn + c`` from each score's
+    validation (mean, standard deviation)."""
+    (me, se), (mk, sk) = energy, knn
+    return 1.0 / se, 1.0 / sk, -(me / se + mk / sk)
+
+
+def _quantiles_v1(idx: Mapping[str, Any], where: str
+                  ) -> dict[str, dict[str, tuple[float, ...]]]:
+    """Version 1: JSON lists per configuration and cascade plan (``null`` = every class)."""
+    quantiles: dict[str, dict[str, tuple[float, ...]]] = {}
+    for group in ("configs", "cascades"):
+        table = idx.get(group, {})
+        if not isinstance(table, Mapping):
+            raise _fail(where, f"{group} must be a mapping")
+        for key, methods in table.items():
+            p = f"{where}: {group}.{key}"
+            if not isinstance(methods, Mapping) or set(methods) != set(METHODS):
+                raise _fail(p, f"expected quantiles for {', '.join(METHODS)}")
+            row = {}
+            for m, qs in methods.items():
+                if not isinstance(qs, list) or len(qs) != len(ALPHAS):
+                    raise _fail(f"{p}.{m}", f"expected {len(ALPHAS)} quantiles (one per "
+                                            f"alpha), got {qs!r:.60}")
+                row[m] = tuple(math.inf if q is None else _number(q, f"{p}.{m}") for q in qs)
+            quantiles[str(key)] = row
+    return quantiles
+
+
+def _quantiles_v2(idx: Mapping[str, Any], store: Any, where: str
+                  ) -> dict[str, dict[str, tuple[float, ...]]]:
+    """Version 2: ``quantiles`` float16 ``[keys, methods, alphas]`` named by
+    ``quantile_keys`` (``inf`` = every class; never NaN)."""
+    keys = idx.get("quantile_keys")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) \
+            or len(set(keys)) != len(keys):
+        raise _fail(where, "quantile_keys must be a list of distinct strings")
+    q = store.array("quantiles")
+    if q.dtype != np.float16 or q.shape != (len(keys), len(METHODS), len(ALPHAS)) \
+            or np.isnan(q).any() or (q == -np.inf).any():
+        raise _fail(where, f"quantiles must be float16 [{len(keys)}, {len(METHODS)}, "
+                           f"{len(ALPHAS)}] without NaN, got {q.dtype} {list(q.shape)}")
+    rows = q.astype(np.float64).tolist()
+    return {k: {m: tuple(rows[i][j]) for j, m in enumerate(METHODS)} for i, k in enumerate(keys)}
+
+
+def quantile_array(table: Mapping[str, Mapping[str, Any]]
+                   ) -> tuple[list[str], npt.NDArray[np.float16]]:
+    """Version 2's (``quantile_keys``, ``quantiles``) of ``key -> method -> [qhat per alpha]``
+    (None = every class): float16 rounded *up* (at most one step, 2^-10 relative), so a set is never
+    smaller than at the float64 quantile (coverage stays >= 1 - alpha); the scores are
+    probabilities and sums of them (at most 1 + RAPS's penalty), far inside float16's range."""
+    keys = list(table)
+    q = np.array([[[math.inf if v is None else float(v) for v in table[k][m]] for m in METHODS]
+                  for k in keys], np.float64).reshape(len(keys), len(METHODS), len(ALPHAS))
+    q16 = q.astype(np.float16)
+    low = q16.astype(np.float64) < q
+    q16[low] = np.nextafter(q16[low], np.float16(np.inf))
+    return keys, q16
 
 
 class Uncertainty:
@@ -113,6 +186,7 @@ class Uncertainty:
     def __init__(self, index: Mapping[str, Any], widths: dict[str, WidthStats],
                  quantiles: dict[str, dict[str, tuple[float, ...]]]):
         self.index = index
+        self.version = int(index.get("version", INDEX_VERSION))
         self.k: int = int(index["k"])
         self.accept = float(index["accept"])
         self.widths = widths
@@ -126,14 +200,17 @@ class Uncertainty:
         problem otherwise."""
         store = decode_store(data)
         idx = store.index
-        if not isinstance(idx, Mapping) or idx.get("version") != INDEX_VERSION:
-            got = idx.get("version") if isinstance(idx, Mapping) else idx
-            raise _fail(where, f"index version {got!r}; this edge_sdk reads {INDEX_VERSION}")
-        if idx.get("score") != "knn":
-            raise _fail(where, f"score {idx.get('score')!r}; this edge_sdk computes 'knn'")
+        version = idx.get("version") if isinstance(idx, Mapping) else idx
+        if not isinstance(idx, Mapping) or version not in (1, INDEX_VERSION):
+            raise _fail(where, f"index version {version!r}; this edge_sdk reads 1 and "
+                               f"{INDEX_VERSION}")
+        score = idx.get("score")
+        if score not in (("knn",) if version == 1 else SCORES):
+            raise _fail(where, f"score {score!r}; this edge_sdk computes "
+                               f"{'knn' if version == 1 else ' or '.join(SCORES)}")
         k = idx.get("k")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise _fail(where, f"k must be an integer >= 1, got {k!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (version > 1 and k != 1):
+            raise _fail(where, f"k must be an integer >= 1 (1 from version 2), got {k!r}")
         accept = _number(idx.get("accept"), f"{where}: accept")
         if not 0 < accept < 1:
             raise _fail(where, f"accept must be in (0, 1), got {accept}")
@@ -156,32 +233,42 @@ class Uncertainty:
                     bank.shape[1] != w.get("dim"):
                 raise _fail(p, f"bank must be int8 [rows >= k = {k}, dim = {w.get('dim')!r}], "
                                f"got {bank.dtype} {list(bank.shape)}")
+            fuse = None
+            if score == "energy+knn":
+                z = w.get("fuse")
+                if not isinstance(z, Mapping) or not all(
+                        isinstance(z.get(n), list) and len(z[n]) == 2 for n in ("energy", "knn")):
+                    raise _fail(p, "the fused score needs fuse: {energy: [mean, std], "
+                                   "knn: [mean, std]}")
+                e, kk = ([_number(v, f"{p}.fuse") for v in z[n]] for n in ("energy", "knn"))
+                if e[1] <= 0 or kk[1] <= 0:
+                    raise _fail(p, "fuse standard deviations must be > 0")
+                fuse = fuse_weights((e[0], e[1]), (kk[0], kk[1]))
             widths[str(wk)] = WidthStats(decode_bank(bank),
                                          _number(w.get("threshold"), f"{p}.threshold"),
-                                         int(bank.shape[1]))
-        quantiles: dict[str, dict[str, tuple[float, ...]]] = {}
-        for group in ("configs", "cascades"):
-            table = idx.get(group, {})
-            if not isinstance(table, Mapping):
-                raise _fail(where, f"{group} must be a mapping")
-            for key, methods in table.items():
-                p = f"{where}: {group}.{key}"
-                if not isinstance(methods, Mapping) or set(methods) != set(METHODS):
-                    raise _fail(p, f"expected quantiles for {', '.join(METHODS)}")
-                row = {}
-                for m, qs in methods.items():
-                    if not isinstance(qs, list) or len(qs) != len(ALPHAS):
-                        raise _fail(f"{p}.{m}", f"expected {len(ALPHAS)} quantiles (one per "
-                                                f"alpha), got {qs!r:.60}")
-                    row[m] = tuple(math.inf if q is None else _number(q, f"{p}.{m}")
-                                   for q in qs)
-                quantiles[str(key)] = row
+                                         int(bank.shape[1]), fuse)
+        quantiles = _quantiles_v1(idx, where) if version == 1 else _quantiles_v2(idx, store,
+                                                                                  where)
         return cls(idx, widths, quantiles)
 
     # ---- the out-of-distribution score ---------------------------------------------------
-    def score(self, width_key: str, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
-        """[N] scores of features [N, D] (higher = less like the training data)."""
+    def graph_spec(self, width_key: str, samples: int = 1) -> OodGraph | None:
+        """The ops the runtime appends to a slice of ``width_key`` to compute the score in its
+        interpreter (:mod:`edge_sdk.answers.ood_graph`); None for a version-1 file (its
+        k-th of 1,000 rows is scored in numpy)."""
         st = self.widths[width_key]
+        if self.version == 1:
+            return None
+        return OodGraph(st.bank, st.fuse, samples)
+
+    def score(self, width_key: str, features: npt.ArrayLike,
+              logits: npt.ArrayLike | None = None, samples: int = 1) -> npt.NDArray[np.float64]:
+        """[N] scores of features [N, D] (higher = less like the training data); ``logits
+        [N * samples, C]`` for the fused score. The numpy path: the runtime reads the
+        interpreter's own score where the graph computes it."""
+        st = self.widths[width_key]
+        if self.version > 1:
+            return ood_numpy(OodGraph(st.bank, st.fuse, samples), features, logits)
         f = np.asarray(features, np.float32).reshape(-1, st.dim)
         norms = np.sqrt(np.einsum("nd,nd->n", f, f))
         kth = np.empty(len(f), np.float32)
@@ -196,10 +283,13 @@ class Uncertainty:
         scores: npt.NDArray[np.float64] = -(kth / np.maximum(norms, 1e-12)).astype(np.float64)
         return scores
 
-    def score_one(self, width_key: str, features: npt.NDArray[np.float32]) -> float:
-        """:meth:`score` of one sample's features (the hot path: one matrix-vector product
-        and one partition)."""
+    def score_one(self, width_key: str, features: npt.NDArray[np.float32],
+                  logits: npt.NDArray[np.float32] | None = None, samples: int = 1) -> float:
+        """:meth:`score` of one sample's features (a version-1 file's hot path: one
+        matrix-vector product and one partition)."""
         st = self.widths[width_key]
+        if self.version > 1:
+            return float(self.score(width_key, features, logits, samples)[0])
         f = features.reshape(-1)
         sims = st.bank @ f  # a fresh array: partitioned in place (no copy, ~10 % faster)
         pos = sims.shape[0] - self.k

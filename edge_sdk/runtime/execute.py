@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.answers.graph import ANSWER
+from edge_sdk.answers.ood_graph import OOD
 from edge_sdk.bundle.records import width_key
 from edge_sdk.backends import BackendError
 from edge_sdk.errors import BundleError, ConfigError
@@ -38,6 +39,7 @@ from edge_sdk.answers.prediction import (
     draft,
     finish,
     lean_answer,
+    with_set,
 )
 from edge_sdk.answers.uncertainty import cascade_key
 from edge_sdk.policy.plan import Stage
@@ -78,6 +80,7 @@ class Executor:
     _answerable: dict[str, Configuration]
     _configs: dict[str, Configuration]
     _pinned_plans: dict[str, tuple[Stage]]
+    _ood_out: dict[str, int]
     left_out: dict[str, str]
     _widths: dict[float, Configuration]  # a width asked for -> a point configuration of it
     backend: str
@@ -93,7 +96,7 @@ class Executor:
         fi = self._feat.get(c.id)
         if fi is None:
             # the slice's own outputs: the answer graph appends one (edge_sdk.answers.graph)
-            outs = [o for o in it.get_output_details() if o["name"] != ANSWER]
+            outs = [o for o in it.get_output_details() if o["name"] not in (ANSWER, OOD)]
             assert self._unc is not None  # only asked for with the bundle's OOD statistics
             dim = self._unc.widths[self._unc_width[c.id]].dim
             if len(outs) < 2 or int(outs[1]["shape"][-1]) != dim:
@@ -103,6 +106,14 @@ class Executor:
                                   f"OOD statistics need [1, {dim}] features (re-export)")
             fi = self._feat[c.id] = int(outs[1]["index"])
         return fi
+
+    def _numpy_score(self, c: Configuration, interps: list[Interp], wk: str) -> float:
+        """One sample's score in numpy from the interpreter's features (and logits): where no
+        graph computes it (a version-1 file, or a slice that could not take the ops)."""
+        assert self._unc is not None
+        it, _, out, _ = interps[0]
+        return self._unc.score_one(wk, it.get_tensor(self._feature_index(c, it)),
+                                   it.get_tensor(out), c.samples if c.scope == "head" else 1)
 
     def _qhat(self, key: str, alpha: float | None) -> float | None:
         a = self.alpha if alpha is None else alpha
@@ -126,13 +137,14 @@ class Executor:
             return score, ind, pset
         wk = self._unc_width.get(c.id)
         if wk is not None:
-            f: npt.NDArray[np.float32]
-            if probe:
-                f = np.zeros(unc.widths[wk].dim, np.float32)
+            oi = self._ood_out.get(c.id, -1)
+            if probe:  # the score's own cost: numpy's (a version-1 file), else one read
+                score = 0.0 if unc.version > 1 else unc.score_one(
+                    wk, np.zeros(unc.widths[wk].dim, np.float32))
+            elif oi >= 0 and len(interps) == 1:
+                score = interps[0][0].get_tensor(oi).item(0)
             else:
-                it = interps[0][0]
-                f = it.get_tensor(self._feature_index(c, it))
-            score = unc.score_one(wk, f)
+                score = self._numpy_score(c, interps, wk)
             ind = score <= unc.widths[wk].threshold
         q = self._qhat(key, alpha)
         if q is not None:
@@ -242,7 +254,9 @@ class Executor:
                         self._suspect.one(x)
                     top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
                            else lean_top(c, logits))
-                    if self._unc is None and top is not None:  # _execute_one's lean answer
+                    if top is not None and (self._unc is None or self._unc.version > 1):
+                        # _execute_one's lean answer (the score: one read of the graph's
+                        # output, the set made when read)
                         lp, lab, conf, lz = top
                         lean_answer(c, self._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
                                     lp)
@@ -289,18 +303,25 @@ class Executor:
                 logits, invoke = self._invoke(interps, xn)
                 top = lean_top(c, logits)
             ood = ind = pset = None
-            # without OOD statistics the fields nobody may read wait until read:
-            # a point's probs and entropy, a head's entropy and mutual information
-            lean = top if self._unc is None else None
-            if lean is not None:
-                lean_probs, label, conf, lazy = lean
-            else:
-                if top is None:  # a head's row underflowed (its logits were read)
-                    assert logits is not None
-                    probs, entropy, mi, label, conf = probabilities(c, logits)
-                else:
-                    probs, entropy, mi, label, conf = eager_fields(top)
-                if self._unc is not None:
+            unc = self._unc
+            # fields wait until read (probs, entropy, mutual info, the set); the OOD score is
+            # read now (abstain needs it), from the interpreter when its graph computed it
+            if top is not None:
+                lean_probs, label, conf, lazy = top
+                if unc is not None:
+                    wk = self._unc_width.get(c.id)
+                    if wk is not None:
+                        oi = self._ood_out.get(c.id, -1)
+                        ood = it.get_tensor(oi).item(0) if oi >= 0 and len(interps) == 1 \
+                            else self._numpy_score(c, interps, wk)
+                        ind = ood <= unc.widths[wk].threshold
+                    q = self._qhat(c.id, alpha)
+                    if q is not None:
+                        lazy = (with_set, (lazy, unc, q, self.conformal, label, lean_probs))
+            else:  # a head's row underflowed (its logits were read)
+                assert logits is not None
+                probs, entropy, mi, label, conf = probabilities(c, logits)
+                if unc is not None:
                     ood, ind, pset = self._uncertain(c, probs, interps, c.id, alpha, label)
             threshold = c.thresholds[self._target_key]
             abstain = threshold is None or conf < threshold or (self.abstain_on_ood and (
@@ -311,9 +332,10 @@ class Executor:
                 policy.observe(c.id, total - built)
             met = (budget.latency_ms is None or total <= budget.latency_ms) and \
                 policy.fits_memory(c, budget)
-            if lean is not None:
+            if top is not None:
                 return lean_answer(c, self._labels, label, conf, lazy, abstain, total, invoke,
-                                   met, suspect, lean_probs)
+                                   met, suspect, lean_probs, ood, ind,
+                                   unc is not None and lazy[0] is with_set)
             return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
                           invoke, met, 1, ood, ind, pset, suspect)
         built = invoke = 0.0
@@ -362,11 +384,17 @@ class Executor:
                     return key
         return answered.id
 
-    def _features(self, c: Configuration, interps: list[Interp], n: int
-                  ) -> npt.NDArray[np.float32] | None:
-        """``c``'s features ``[n, D]`` after an invoke (None: no OOD score for ``c``)."""
-        if self._unc is None or c.id not in self._unc_width:
+    def _scores(self, c: Configuration, interps: list[Interp], n: int
+                ) -> npt.NDArray[np.float64] | None:
+        """``c``'s OOD scores ``[n]`` after an invoke at batch ``n``: the graph's output, else
+        numpy from its features (None: no OOD score for ``c``)."""
+        wk = self._unc_width.get(c.id) if self._unc is not None else None
+        if self._unc is None or wk is None:
             return None
-        it = interps[0][0]
-        f: npt.NDArray[np.float32] = it.get_tensor(self._feature_index(c, it))
-        return f.reshape(n, -1).copy()
+        it, _, out, _ = interps[0]
+        oi = self._ood_out.get(c.id, -1)
+        if oi >= 0 and len(interps) == 1:
+            s: npt.NDArray[np.float64] = it.get_tensor(oi).reshape(n).astype(np.float64)
+            return s
+        f = it.get_tensor(self._feature_index(c, it)).reshape(n, -1)
+        return self._unc.score(wk, f, it.get_tensor(out), c.samples if c.scope == "head" else 1)

@@ -25,17 +25,17 @@ _RESIZE_ERRORS = (RuntimeError, ValueError)  # what LiteRT raises for a batch it
 
 
 class BatchExecutor(Executor):
-    def _uncertain_batch(self, ds: list[Draft[np.ndarray]], interps_feats: npt.NDArray[np.float32] | None,
+    def _uncertain_batch(self, ds: list[Draft[np.ndarray]],
+                         scores: npt.NDArray[np.float64] | None,
                          keys: list[str], alpha: float | None) -> None:
-        """:meth:`_uncertain` for a stage's drafts; ``interps_feats``: their features [n, D]
-        (None for a configuration without a score)."""
+        """:meth:`_uncertain` for a stage's drafts; ``scores``: their OOD scores [n] (None
+        for a configuration without one)."""
         c = ds[0].config
         unc = self._unc
         if unc is None:  # called only with the bundle's statistics
             return
         wk = self._unc_width.get(c.id)
-        if wk is not None and interps_feats is not None:
-            scores = unc.score(wk, interps_feats)
+        if wk is not None and scores is not None:
             thr = unc.widths[wk].threshold
             for d, s in zip(ds, scores.tolist()):
                 d.ood_score, d.in_distribution = s, s <= thr
@@ -53,9 +53,9 @@ class BatchExecutor(Executor):
 
     # ---- execution -------------------------------------------------------------------------
     def _run_batch(self, c: Configuration, xb: npt.NDArray[Any], answer_only: bool = False
-                   ) -> tuple[Logits | None, float, float, npt.NDArray[np.float32] | None,
+                   ) -> tuple[Logits | None, float, float, npt.NDArray[np.float64] | None,
                               npt.NDArray[np.float32] | None]:
-        """(logits ``[n, rows, C]``, invoke ms, build/resize ms, features ``[n, D]`` or None,
+        """(logits ``[n, rows, C]``, invoke ms, build/resize ms, OOD scores ``[n]`` or None,
         the graph's answers ``[n, C]`` or None: edge_sdk.answers.graph) of ``n`` checked raw
         samples (``InputChecker.feed_batch``):
         one invoke per interpreter with the input resized to ``[n, ...]`` when the manifest
@@ -93,11 +93,11 @@ class BatchExecutor(Executor):
                         outs.append(it.get_tensor(out).reshape(n, -1, self._classes))
                 ms = (self._clock() - t0) * 1000
                 return (None if not outs else outs[0] if len(outs) == 1 else
-                        np.concatenate(outs, 1)), ms, built, self._features(c, interps, n), \
+                        np.concatenate(outs, 1)), ms, built, self._scores(c, interps, n), \
                     interps[0][0].get_tensor(ans) if ans >= 0 else None
         interps, built = self._resident(c, 1)
         rows: list[Logits] = []
-        feats: list[npt.NDArray[np.float32] | None] = []
+        feats: list[npt.NDArray[np.float64] | None] = []
         answers: list[npt.NDArray[np.float32]] = []
         it, _, _, ans = interps[0]
         ans = ans if len(interps) == 1 else -1
@@ -105,13 +105,13 @@ class BatchExecutor(Executor):
         for i in range(n):
             logits, m = self._invoke(interps, xb[i:i + 1])
             rows.append(logits)
-            feats.append(self._features(c, interps, 1))
+            feats.append(self._scores(c, interps, 1))
             if ans >= 0:
                 answers.append(it.get_tensor(ans))
             ms += m
         return np.stack(rows), ms, built, \
             None if feats[0] is None else \
-            np.concatenate(cast("list[npt.NDArray[np.float32]]", feats)), \
+            np.concatenate(cast("list[npt.NDArray[np.float64]]", feats)), \
             np.concatenate(answers) if answers else None  # all or none have
 
     def _execute_batch(self, xn: npt.NDArray[Any], stages: tuple[Stage, ...], budget: Budget,
@@ -140,7 +140,7 @@ class BatchExecutor(Executor):
             if self._unc is not None:
                 wk = self._unc_width.get(c.id)
                 if wk is not None and feats is not None:
-                    ood = self._unc.score(wk, feats)
+                    ood = feats
                     ind = ood <= self._unc.widths[wk].threshold
                 q = self._qhat(c.id, alpha)
                 if q is not None:

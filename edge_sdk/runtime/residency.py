@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from edge_sdk.answers.graph import ANSWER, RawInput, runtime_graph
+from edge_sdk.answers.ood_graph import OOD
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from edge_sdk.store.sources import SliceSource
     from edge_sdk.inputs.checks import InputChecker
     from edge_sdk.policy.policy import Policy
+    from edge_sdk.answers.uncertainty import Uncertainty
 
 # One interpreter of a slice: (the backend's interpreter, its input, logits and answer tensor
 # indices; the answer: edge_sdk.answers.graph, -1 when the slice has none). The interpreters
@@ -61,6 +63,9 @@ class Residency:
     _local: PerThread
     _lock: threading.Lock
     _share_mb: dict[str, float]
+    _unc: Uncertainty | None
+    _unc_width: dict[str, str]
+    _ood_out: dict[str, int]  # config id -> its interpreter's score output (-1: numpy)
 
     def _build(self, c: Configuration, files: Sequence[FileEntry] | None = None,
                plain: bool = False) -> list[Interp]:
@@ -72,6 +77,10 @@ class Residency:
         answer's softmax appended; ``plain``: the slice's own graph, fed normalised samples
         (benchmarks)."""
         interps: list[Interp] = []
+        wk = self._unc_width.get(c.id) if self._unc is not None else None
+        # the score's ops (version-2 statistics): a point or head slice's one file
+        ood = None if wk is None or plain or self._unc is None or len(c.files) != 1 else \
+            self._unc.graph_spec(wk, c.samples if c.scope == "head" else 1)
         for f in c.files if files is None else files:
             # verified bytes only: read and checked at load(), or materialised and checked
             data = self._slices[f.name]
@@ -80,13 +89,16 @@ class Residency:
                 a = self._answerable.get(f.name)
                 data = runtime_graph(data, self._raw, None if a is None else (
                     a.temperature, a.samples if a.scope == "head" else 1),
-                    f"{self.bundle_dir}: {f.name}")
+                    f"{self.bundle_dir}: {f.name}", ood)
             it = self._interp_cls(model_content=data, num_threads=self.threads,
                                   model_name=f.name)
             it.allocate_tensors()
             # tensor indices looked up once: get_*_details() costs more than a small invoke
             outs = it.get_output_details()
             ans = next((int(o["index"]) for o in outs if o["name"] == ANSWER), -1)
+            if not plain:
+                self._ood_out[c.id] = next((int(o["index"]) for o in outs
+                                            if o["name"] == OOD), -1)
             interps.append((it, it.get_input_details()[0]["index"], outs[0]["index"], ans))
         return interps
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # ops whose second input is an int32 operand the writer makes from an option
 OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
+            "REDUCE_MAX": "axes", "REDUCE_MIN": "axes",
             "SLICE": "begin", "GATHER": "indices", "RESIZE_NEAREST_NEIGHBOR": "size",
             "RESIZE_BILINEAR": "size"}
 

@@ -55,6 +55,12 @@ OPS: dict[str, dict[str, Any]] = {
     "RESIZE_NEAREST_NEIGHBOR": {"size": None, "align_corners": False,
                                 "half_pixel_centers": False},
     "RESIZE_BILINEAR": {"size": None, "align_corners": False, "half_pixel_centers": False},
+    # the out-of-distribution score the runtime appends (edge_sdk/answers/ood_graph.py): unit
+    # features (the last dimension), the nearest bank row, the largest probability and its log
+    "L2_NORMALIZATION": {},
+    "REDUCE_MAX": {"axes": [1], "keep_dims": False},
+    "REDUCE_MIN": {"axes": [1], "keep_dims": False},
+    "LOG": {},
 }
 #: ops whose option ``scalar`` replaces their second input (a float32 [1] constant in the file)
 SCALAR_OPS = ("ADD", "MUL")
@@ -198,7 +204,7 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
         k = pair(opt["size"], f"{what} size")
         s = pair(opt["stride"] if opt["stride"] is not None else opt["size"], f"{what} stride")
         return (n, *window_hw((h, w), k, s, opt["padding"], what), c), act
-    if op == "MEAN":
+    if op in ("MEAN", "REDUCE_MAX", "REDUCE_MIN"):
         shape = _need(x, f"{what} input", dtype=act)
         axes = {int(a) % len(shape) for a in opt["axes"] if -len(shape) <= int(a) < len(shape)}
         if len(axes) != len(list(opt["axes"])) or not axes:
@@ -228,7 +234,7 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
             raise ConfigError(f"{what}: the input must be a float32 tensor that is not a "
                               "constant")
         return tuple(x.shape), "int8"
-    # RELU, RELU6, SOFTMAX, LOGISTIC, HARD_SWISH
+    # RELU, RELU6, SOFTMAX, LOGISTIC, HARD_SWISH, L2_NORMALIZATION, LOG
     return _need(x, f"{what} input", dtype=act), act
 
 

@@ -77,6 +77,9 @@ _OPTION_FIELDS = {
     "MAX_POOL_2D": ("Pool2DOptions", {0, 1, 2, 3, 4, 5}),
     "AVERAGE_POOL_2D": ("Pool2DOptions", {0, 1, 2, 3, 4, 5}),
     "MEAN": ("ReducerOptions", {0}),
+    "REDUCE_MAX": ("ReducerOptions", {0}),
+    "REDUCE_MIN": ("ReducerOptions", {0}),
+    "L2_NORMALIZATION": ("L2NormOptions", {0}),
     "RESHAPE": ("ReshapeOptions", {0}),
     "PAD": ("PadOptions", set()),
     "PADV2": ("PadV2Options", set()),
@@ -134,7 +137,7 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict[str, Any]
         return {"padding": pad(), "stride": [positive(2, "stride_h"), positive(1, "stride_w")],
                 "size": [positive(4, "filter_height"), positive(3, "filter_width")],
                 "activation": act(5)}
-    if op in ("FULLY_CONNECTED", "ADD", "MUL"):
+    if op in ("FULLY_CONNECTED", "ADD", "MUL", "L2_NORMALIZATION"):
         return {"activation": act(0)}
     if op in ("RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"):
         base = 0 if op == "RESIZE_NEAREST_NEIGHBOR" else 2
@@ -149,7 +152,7 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict[str, Any]
         return {"axis": axis}
     if op == "CONCATENATION":
         return {"axis": t.scalar(0, "<i", 0), "activation": act(1)}
-    if op == "MEAN":
+    if op in ("MEAN", "REDUCE_MAX", "REDUCE_MIN"):
         keep = t.scalar(0, "<B", 0)
         if keep not in (0, 1):
             raise flat.bad(f"{where}: keep_dims {keep}, expected 0 or 1")

@@ -119,6 +119,11 @@ _OPTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[_Field]]]] = {
     "MAX_POOL_2D": ("Pool2DOptions", _pool),
     "AVERAGE_POOL_2D": ("Pool2DOptions", _pool),
     "MEAN": ("ReducerOptions", lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)]),
+    "REDUCE_MAX": ("ReducerOptions",
+                   lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)]),
+    "REDUCE_MIN": ("ReducerOptions",
+                   lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)]),
+    "L2_NORMALIZATION": ("L2NormOptions", _act),
     "PAD": ("PadOptions", lambda o: []),
     "PADV2": ("PadV2Options", lambda o: []),
     "MUL": ("MulOptions", _act),
@@ -197,12 +202,14 @@ def _plan(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]
             ins.append(-1)  # optional bias left out: version 1 still
         operand = {"RESHAPE": ("shape", "shape"), "PAD": ("paddings", "paddings"),
                    "PADV2": ("paddings", "paddings"), "MEAN": ("axes", "axes"),
+                   "REDUCE_MAX": ("axes", "axes"), "REDUCE_MIN": ("axes", "axes"),
                    "GATHER": ("indices", "indices"), "RESIZE_NEAREST_NEIGHBOR": ("size", "size"),
                    "RESIZE_BILINEAR": ("size", "size")}.get(o.op)
         if operand is not None:  # schema: these take their int32 operand as input 1
             key, suffix = operand
-            v = np.asarray(o.options.get(key, [1, 2] if o.op == "MEAN" else None), np.int32)
-            if o.op == "MEAN":
+            default = {"MEAN": [1, 2], "REDUCE_MAX": [1], "REDUCE_MIN": [1]}.get(o.op)
+            v = np.asarray(o.options.get(key, default), np.int32)
+            if o.op in ("MEAN", "REDUCE_MAX", "REDUCE_MIN"):
                 rank = len(tensors[ins[0]].shape)
                 v = np.asarray(sorted({int(a) % rank for a in v}), np.int32)
             ins.insert(1, add(_T(f"{out}/{suffix}", v.shape, "int32", v)))

@@ -223,9 +223,15 @@ def test_a_lazy_prediction_behaves_as_any_prediction(bundle, scope):
     x = np.random.default_rng(0).uniform(*lean.manifest.input.value_range,
                                          lean.manifest.input.shape[1:]).astype(np.float32)
     a, b = eager.predict(x, config_id=cfg.id), lean.predict(x, config_id=cfg.id)
-    assert "_lazy" in vars(b) and "_lazy" not in vars(a)
-    # none of the three is made until read (a head's probs too: its graph computed them)
+    assert "_lazy" in vars(b) and "_lazy" in vars(a)
+    # none of the three is made until read (a head's probs too: its graph computed them),
+    # nor the prediction set; the OOD verdict is (abstain needs it)
     assert not {"probs", "entropy", "mutual_info"} & set(vars(b))
+    assert not {"probs", "entropy", "mutual_info", "prediction_set"} & set(vars(a))
+    assert a.ood_score is not None and a.in_distribution is not None
+    assert a.label in a.prediction_set and "_lazy" not in vars(a)
+    q = eager.uncertainty.qhat(cfg.id, eager.conformal, eager.alpha)
+    assert a.prediction_set == eager.uncertainty.set_one(a.probs.tolist(), q, "lac", a.label)
     fresh = lean.predict(x, config_id=cfg.id)
     for got in (pickle.loads(pickle.dumps(fresh)), copy.copy(fresh), copy.deepcopy(fresh)):
         assert np.array_equal(got.probs, a.probs)

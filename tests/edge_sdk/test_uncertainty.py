@@ -3,6 +3,7 @@ runtime fields built on it. Torch-free, on the session's digits bundle (layout f
 scope, uncertainty.bin)."""
 from __future__ import annotations
 
+import math
 import shutil
 
 import numpy as np
@@ -239,23 +240,47 @@ def json_copy(obj):
 
 @pytest.mark.parametrize("change, match", [
     ({"k": 0}, "k must be an integer >= 1"), ({"k": True}, "k must be an integer >= 1"),
-    ({"k": 10 ** 9}, "bank must be int8"), ({"accept": 1.5}, "accept must be in"),
+    ({"k": 2}, "1 from version 2"), ({"accept": 1.5}, "accept must be in"),
     ({"score": "energy"}, "score 'energy'"), ({"alphas": [0.1]}, "alphas"),
     ({"raps": {}}, "raps must hold"), ({"widths": {}}, "at least one width"),
-    ({"configs": []}, "configs must be a mapping")])
+    ({"quantile_keys": {}}, "quantile_keys must be a list"),
+    ({"score": "knn", "version": 3}, "index version 3")])
 def test_a_malformed_index_is_a_bundle_error_naming_it(model, change, match):
     with pytest.raises(BundleError, match=match):
         Uncertainty.from_bytes(_mutated(model, **change))
 
 
 def test_non_finite_or_short_quantiles_are_refused(model):
-    cid = model.manifest.ids[0]
-    wk = next(iter(model.uncertainty.widths))
-    for change, match in (({f"configs__{cid}__lac": [0.5]}, "expected 10 quantiles"),
-                          ({f"configs__{cid}__lac": ["x"] * 10}, "expected a finite number"),
-                          ({f"widths__{wk}__threshold": "nan"}, "expected a finite number")):
+    from edge_sdk.store import Store, decode_store, encode_store
+
+    store = decode_store((model.bundle_dir / FILE_NAME).read_bytes())
+    q = np.array(store.arrays["quantiles"])
+    for bad, match in ((np.full_like(q, np.nan), "without NaN"), (q[:, :, :5], "quantiles must be"),
+                       (q.astype(np.float32), "quantiles must be float16")):
+        arrays = {**{k: np.array(v) for k, v in store.arrays.items()}, "quantiles": bad}
         with pytest.raises(BundleError, match=match):
-            Uncertainty.from_bytes(_mutated(model, **change))
+            Uncertainty.from_bytes(encode_store(Store(store.index, arrays)))
+    wk = next(iter(model.uncertainty.widths))
+    with pytest.raises(BundleError, match="expected a finite number"):
+        Uncertainty.from_bytes(_mutated(model, **{f"widths__{wk}__threshold": "nan"}))
+
+
+def test_quantiles_are_stored_rounded_up():
+    """float16 storage never lowers a quantile (a set can only grow), and raises it by at most
+    one float16 step."""
+    from edge_sdk.answers.uncertainty import quantile_array
+
+    rng = np.random.default_rng(0)
+    table = {f"c{i}": {m: [None if rng.random() < 0.1 else float(v) for v in rng.random(10)]
+                       for m in ("lac", "aps", "raps")} for i in range(5)}
+    keys, q = quantile_array(table)
+    assert keys == list(table) and q.dtype == np.float16
+    for i, k in enumerate(keys):
+        for j, m in enumerate(("lac", "aps", "raps")):
+            for a, v in enumerate(table[k][m]):
+                want = math.inf if v is None else v
+                assert float(q[i, j, a]) >= want
+                assert v is None or float(q[i, j, a]) - want <= 2 ** -10 * max(want, 2 ** -14)
 
 
 # ---- issue 51: every set holds the answer; alpha is a grid number --------------------------

@@ -55,14 +55,17 @@ def test_the_knn_score_agrees_with_scikit_learn():
     unit = train / np.linalg.norm(train, axis=1, keepdims=True)
     bank = np.round(unit * BANK_SCALE).astype(np.int8)
     dec = decode_bank(bank)
-    unc = Uncertainty({"k": 7, "accept": 0.95, "raps": {"lam": 0.01, "k_reg": 5}},
-                      {"1.00": WidthStats(dec, 0.0, 12)}, {})
-    nn = NearestNeighbors(n_neighbors=7, metric="cosine").fit(dec.astype(np.float64))
-    dist, _ = nn.kneighbors(test)
-    # cosine distance = 1 - cos, so minus the k-th similarity is distance - 1
-    assert np.allclose(unc.score("1.00", test), dist[:, -1] - 1.0, atol=1e-5)
-    assert np.allclose([unc.score_one("1.00", t.astype(np.float32)) for t in test],
-                       dist[:, -1] - 1.0, atol=1e-5)
+    raps = {"lam": 0.01, "k_reg": 5}
+    # index version 1 (k-th of the bank, numpy) and version 2 (k = 1, the graph's maths)
+    for version, k in ((1, 7), (2, 1)):
+        unc = Uncertainty({"version": version, "k": k, "accept": 0.95, "raps": raps},
+                          {"1.00": WidthStats(dec, 0.0, 12)}, {})
+        nn = NearestNeighbors(n_neighbors=k, metric="cosine").fit(dec.astype(np.float64))
+        dist, _ = nn.kneighbors(test)
+        # cosine distance = 1 - cos, so minus the k-th similarity is distance - 1
+        assert np.allclose(unc.score("1.00", test), dist[:, -1] - 1.0, atol=1e-5)
+        assert np.allclose([unc.score_one("1.00", t.astype(np.float32)) for t in test],
+                           dist[:, -1] - 1.0, atol=1e-5)
 
 
 def test_the_bank_is_a_class_stratified_draw():
