@@ -3,7 +3,7 @@ bundle exported with uncertainty, against the same checkpoint exported with
 ``--no-uncertainty``, back to back and interleaved with another model.
 
     python benchmarks/app_loop.py --bundle B --plain B_NO_UNC --other OTHER_BUNDLE \
-        [--calls 10000] [--rounds 10]
+        [--calls 10000] [--block 100]
 
 Models (1 thread each, every call pinned with ``config_id``, timed from outside with
 ``perf_counter`` around the one call, so the interpreter's own increase counts):
@@ -15,8 +15,9 @@ Models (1 thread each, every call pinned with ``config_id``, timed from outside 
 - ``read``: ``on``, and the call also reads ``ood_score``, ``prediction_set`` and ``probs``
   (the lazy fields made).
 
-Modes: ``b2b`` — per round, each model runs ``calls / rounds`` calls back to back (the models'
-order rotates each round, so drift hits all alike); ``int`` — every timed call follows one
+Modes: ``b2b`` — per round, each model runs ``--block`` calls back to back (the models' order
+rotates each round; ``calls / block`` rounds, so the host's drift, which moves a wide float
+slice's invoke by 5-10 us over a minute, hits all alike); ``int`` — every timed call follows one
 call of ``--other`` (its widest point configuration), so it starts from the caches another
 model left (issue 34: what an app doing other work between calls sees). Medians over all
 rounds (``calls`` per cell). Only edge_sdk's public API: the same file measures an older tree
@@ -44,8 +45,9 @@ def _reads_all(p) -> None:
     p.ood_score, p.prediction_set, p.probs  # noqa: B018
 
 
-def loop_table(bundle: str, plain: str, other: str, calls: int, rounds: int,
-               modes: tuple[str, ...] = ("b2b", "int")) -> list[dict]:
+def loop_table(bundle: str, plain: str, other: str, calls: int, block: int = 100,
+               modes: tuple[str, ...] = ("b2b", "int"), only: list[str] | None = None
+               ) -> list[dict]:
     models = {"plain": edge_sdk.load(plain, threads=1),
               "off": edge_sdk.load(bundle, threads=1, uncertainty=False),
               "on": edge_sdk.load(bundle, threads=1)}
@@ -58,8 +60,9 @@ def loop_table(bundle: str, plain: str, other: str, calls: int, rounds: int,
     ox = np.random.default_rng(1).uniform(*ospec.value_range, ospec.shape[1:]).astype(ospec.dtype)
     spec = models["on"].input_spec
     x = np.random.default_rng(0).uniform(*spec.value_range, spec.shape[1:]).astype(spec.dtype)
-    ids = [c.id for c in models["on"].manifest.configurations if c.scope == "point"]
-    per = max(calls // rounds, 1)
+    ids = [c.id for c in models["on"].manifest.configurations if c.scope == "point"
+           and (not only or c.id in only)]
+    per, rounds = block, max(calls // block, 1)
     clock = time.perf_counter
     print(f"{bundle} vs {plain}; other model {other}: {opoint.id}; median of {per * rounds} "
           f"calls per cell ({rounds} rounds, models rotated), 1 thread, microseconds")
@@ -105,11 +108,12 @@ def main() -> None:
     p.add_argument("--plain", required=True, help="the same checkpoint, --no-uncertainty")
     p.add_argument("--other", required=True, help="the model interleaved between calls")
     p.add_argument("--calls", type=int, default=10000)
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--block", type=int, default=100, help="calls back to back per round")
     p.add_argument("--modes", default="b2b,int")
+    p.add_argument("--config", action="append", default=None, help="only these (repeatable)")
     a = p.parse_args()
-    loop_table(a.bundle, a.plain, a.other, a.calls, a.rounds,
-               tuple(m for m in a.modes.split(",") if m))
+    loop_table(a.bundle, a.plain, a.other, a.calls, a.block,
+               tuple(m for m in a.modes.split(",") if m), a.config)
 
 
 if __name__ == "__main__":

@@ -428,7 +428,7 @@ def main() -> None:
     if args.only == "loop":  # what an app's loop pays for the answer's fields
         from app_loop import loop_table
 
-        loop_table(args.bundle, args.plain, args.other, args.sdk_calls, 10)
+        loop_table(args.bundle, args.plain, args.other, args.sdk_calls)
         return
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))

@@ -81,7 +81,7 @@ def class_scores(probs: ArrayLike, method: str = "lac", lam: float = 0.01, k_reg
     order = np.argsort(-p, axis=1, kind="stable")
     sorted_p = np.take_along_axis(p, order, 1)
     cum = np.cumsum(sorted_p, axis=1)
-    out = np.empty_like(p)
+    out: NDArray[np.float64] = np.empty_like(p)
     np.put_along_axis(out, order, cum, 1)  # mass of every class ranked at or above
     if u is not None:
         out = out - u[:, None] * p  # mass strictly above + U * p

@@ -14,7 +14,6 @@ from edge_sdk.answers.maths import (BatchProbs, Lazy, _readonly, batch_entropy,
                                    batch_probabilities, probabilities)
 
 if TYPE_CHECKING:
-    from edge_sdk.answers.uncertainty import Uncertainty
     from edge_sdk.bundle.configuration import Configuration
 
 
@@ -54,7 +53,8 @@ class Prediction:
     # (None when the bundle has no uncertainty.bin, the configuration is of the
     # all scope, or load(uncertainty=False))
     # out-of-distribution score of the answering slice's features: minus the cosine
-    # similarity to the k-th nearest training image's (higher = less like the training data)
+    # similarity to the nearest class prototype of the training features (higher = less like
+    # the training data), computed in the interpreter (edge_sdk.answers.ood_graph)
     ood_score: float | None = None
     # ood_score at or below the threshold that accepts 95 % of in-distribution validation
     # images; False also makes ``abstain`` true (load(abstain_on_ood=False) turns that off)
@@ -141,16 +141,16 @@ def lean_answer(c: Configuration, labels: Sequence[str], label: int, confidence:
     return p
 
 
-def with_set(inner: Lazy, unc: Uncertainty, qhat: float, method: str, label: int,
-             probs: np.ndarray | None) -> dict[str, Any]:
-    """The lazy fields of ``inner`` and the conformal set at ``qhat`` (holding ``label``,
-    the non-empty rule), made from the same probabilities (``probs`` when they were given)
-    when any of them is first read: a call that reads only label, confidence and the OOD
-    verdict never builds it."""
+def with_set(inner: Lazy, make_set: Callable[..., tuple[int, ...] | None], key: str,
+             alpha: float | None, label: int, probs: np.ndarray | None) -> dict[str, Any]:
+    """The lazy fields of ``inner`` and the conformal set ``make_set(key, alpha, probs,
+    label)`` (holding ``label``, the non-empty rule), made from the same probabilities
+    (``probs`` when they were given) when any of them is first read: a call that reads only
+    label, confidence and the OOD verdict never builds it, nor looks up its quantile."""
     fn, args = inner
     out = fn(*args)
     p = out["probs"] if probs is None else probs
-    out["prediction_set"] = unc.set_one(p.tolist(), qhat, method, label)
+    out["prediction_set"] = make_set(key, alpha, p.tolist(), label)
     return out
 
 

@@ -80,7 +80,7 @@ class Executor:
     _answerable: dict[str, Configuration]
     _configs: dict[str, Configuration]
     _pinned_plans: dict[str, tuple[Stage]]
-    _ood_out: dict[str, int]
+    _ood_at: dict[str, tuple[int, float]]
     left_out: dict[str, str]
     _widths: dict[float, Configuration]  # a width asked for -> a point configuration of it
     backend: str
@@ -110,10 +110,16 @@ class Executor:
     def _numpy_score(self, c: Configuration, interps: list[Interp], wk: str) -> float:
         """One sample's score in numpy from the interpreter's features (and logits): where no
         graph computes it (a version-1 file, or a slice that could not take the ops)."""
-        assert self._unc is not None
+        assert self._unc is not None  # (asked only with the statistics)
         it, _, out, _ = interps[0]
         return self._unc.score_one(wk, it.get_tensor(self._feature_index(c, it)),
                                    it.get_tensor(out), c.samples if c.scope == "head" else 1)
+
+    def _set_one(self, key: str, alpha: float | None, probs: list[float], label: int
+                 ) -> tuple[int, ...] | None:
+        """The conformal set of one answer at ``key``'s quantile (None: no quantile)."""
+        q, unc = self._qhat(key, alpha), self._unc
+        return None if q is None or unc is None else unc.set_one(probs, q, self.conformal, label)
 
     def _qhat(self, key: str, alpha: float | None) -> float | None:
         a = self.alpha if alpha is None else alpha
@@ -137,7 +143,7 @@ class Executor:
             return score, ind, pset
         wk = self._unc_width.get(c.id)
         if wk is not None:
-            oi = self._ood_out.get(c.id, -1)
+            oi = self._ood_at.get(c.id, (-1, 0.0))[0]
             if probe:  # the score's own cost: numpy's (a version-1 file), else one read
                 score = 0.0 if unc.version > 1 else unc.score_one(
                     wk, np.zeros(unc.widths[wk].dim, np.float32))
@@ -309,15 +315,12 @@ class Executor:
             if top is not None:
                 lean_probs, label, conf, lazy = top
                 if unc is not None:
-                    wk = self._unc_width.get(c.id)
-                    if wk is not None:
-                        oi = self._ood_out.get(c.id, -1)
-                        ood = it.get_tensor(oi).item(0) if oi >= 0 and len(interps) == 1 \
-                            else self._numpy_score(c, interps, wk)
-                        ind = ood <= unc.widths[wk].threshold
-                    q = self._qhat(c.id, alpha)
-                    if q is not None:
-                        lazy = (with_set, (lazy, unc, q, self.conformal, label, lean_probs))
+                    at = self._ood_at.get(c.id)  # (the graph's score output or -1, threshold)
+                    if at is not None:
+                        ood = it.get_tensor(at[0]).item(0) if at[0] >= 0 and len(interps) == 1 \
+                            else self._numpy_score(c, interps, self._unc_width[c.id])
+                        ind = ood <= at[1]
+                    lazy = (with_set, (lazy, self._set_one, c.id, alpha, label, lean_probs))
             else:  # a head's row underflowed (its logits were read)
                 assert logits is not None
                 probs, entropy, mi, label, conf = probabilities(c, logits)
@@ -334,8 +337,7 @@ class Executor:
                 policy.fits_memory(c, budget)
             if top is not None:
                 return lean_answer(c, self._labels, label, conf, lazy, abstain, total, invoke,
-                                   met, suspect, lean_probs, ood, ind,
-                                   unc is not None and lazy[0] is with_set)
+                                   met, suspect, lean_probs, ood, ind, unc is not None)
             return answer(c, self._labels, probs, entropy, mi, label, conf, abstain, total,
                           invoke, met, 1, ood, ind, pset, suspect)
         built = invoke = 0.0
@@ -386,15 +388,13 @@ class Executor:
 
     def _scores(self, c: Configuration, interps: list[Interp], n: int
                 ) -> npt.NDArray[np.float64] | None:
-        """``c``'s OOD scores ``[n]`` after an invoke at batch ``n``: the graph's output, else
-        numpy from its features (None: no OOD score for ``c``)."""
+        """``c``'s OOD scores ``[n]`` after an invoke at batch ``n`` (None: ``c`` has none)."""
         wk = self._unc_width.get(c.id) if self._unc is not None else None
         if self._unc is None or wk is None:
             return None
         it, _, out, _ = interps[0]
-        oi = self._ood_out.get(c.id, -1)
-        if oi >= 0 and len(interps) == 1:
-            s: npt.NDArray[np.float64] = it.get_tensor(oi).reshape(n).astype(np.float64)
-            return s
+        oi = self._ood_at.get(c.id, (-1, 0.0))[0]
+        if oi >= 0 and len(interps) == 1:  # the graph's output, else numpy on its features
+            return it.get_tensor(oi).reshape(n).astype(np.float64)  # type: ignore[no-any-return]
         f = it.get_tensor(self._feature_index(c, it)).reshape(n, -1)
         return self._unc.score(wk, f, it.get_tensor(out), c.samples if c.scope == "head" else 1)

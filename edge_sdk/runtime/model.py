@@ -95,7 +95,7 @@ class EdgeModel(BatchExecutor, Residency):
                                                f"{self.bundle_dir}: {entry.name}")
         self._unc_width = uncertainty_widths(self.manifest, self._unc, self.bundle_dir)
         self._feat: dict[str, int] = {}  # config id -> its features output's tensor index
-        self._ood_out: dict[str, int] = {}  # config id -> its in-graph score's index, or -1
+        self._ood_at: dict[str, tuple[int, float]] = {}  # residency: the score's output
         self._qhats: dict[tuple[str, float], float | None] = {}
         key = f"{target_accuracy:g}"
         missing = [c.id for c in self.manifest.configurations if key not in c.thresholds]

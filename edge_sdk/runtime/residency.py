@@ -65,7 +65,8 @@ class Residency:
     _share_mb: dict[str, float]
     _unc: Uncertainty | None
     _unc_width: dict[str, str]
-    _ood_out: dict[str, int]  # config id -> its interpreter's score output (-1: numpy)
+    # config id -> (its interpreter's score output, -1: numpy; its width's threshold)
+    _ood_at: dict[str, tuple[int, float]]
 
     def _build(self, c: Configuration, files: Sequence[FileEntry] | None = None,
                plain: bool = False) -> list[Interp]:
@@ -96,9 +97,9 @@ class Residency:
             # tensor indices looked up once: get_*_details() costs more than a small invoke
             outs = it.get_output_details()
             ans = next((int(o["index"]) for o in outs if o["name"] == ANSWER), -1)
-            if not plain:
-                self._ood_out[c.id] = next((int(o["index"]) for o in outs
-                                            if o["name"] == OOD), -1)
+            if not plain and wk is not None and self._unc is not None:
+                self._ood_at[c.id] = (next((int(o["index"]) for o in outs if o["name"] == OOD),
+                                           -1), self._unc.widths[wk].threshold)
             interps.append((it, it.get_input_details()[0]["index"], outs[0]["index"], ans))
         return interps
 

@@ -125,7 +125,7 @@ def test_every_precision_scores_its_own_features_in_its_graph(precisions):
         wk = m._unc_width[c.id]
         for x in xs:
             p = m.predict(x, config_id=c.id)
-            assert m._ood_out[c.id] >= 0  # read from the graph, not numpy
+            assert m._ood_at[c.id][0] >= 0  # read from the graph, not numpy
             it, _, out, _ = m._interpreters(c)[0]
             feats = it.get_tensor(m._feature_index(c, it))
             ref = unc.score(wk, feats, it.get_tensor(out))[0]
