@@ -102,16 +102,57 @@ def loop_table(bundle: str, plain: str, other: str, calls: int, block: int = 100
     return rows
 
 
+def graph_cost(bundle: str, rounds: int = 20, per: int = 300) -> None:
+    """The appended score's own cost in the invoke: per point configuration, the runtime's
+    graph of the slice with and without the OOD ops (edge_sdk.answers.ood_graph), invoked
+    alternately in rounds of ``per``, 1 thread (this tree only: it builds the graphs)."""
+    from edge_sdk.answers.graph import runtime_graph
+
+    m = edge_sdk.load(bundle, threads=1)
+    spec = m.input_spec
+    x = np.random.default_rng(0).uniform(*spec.value_range, spec.shape[1:]).astype(spec.dtype)
+    print(f"{bundle}: invoke us, median of {rounds * per} each, alternated")
+    print(f"{'config':<18}{'without':>9}{'with':>9}{'+ us':>8}")
+    for c in m.manifest.configurations:
+        if c.scope != "point" or c.id not in m._unc_width:
+            continue
+        data, ans = m._slices[c.files[0].name], (c.temperature, 1)
+        its = []
+        for ood in (None, m.uncertainty.graph_spec(m._unc_width[c.id])):
+            it = m._interp_cls(model_content=runtime_graph(data, m._raw, ans, ood=ood),
+                               num_threads=1, model_name=c.id)
+            it.allocate_tensors()
+            it.set_tensor(it.get_input_details()[0]["index"], x[None])
+            for _ in range(200):
+                it.invoke()
+            its.append(it)
+        times: list[list[float]] = [[], []]
+        for r in range(rounds):
+            for k in ((0, 1) if r % 2 else (1, 0)):
+                it = its[k]
+                for _ in range(per):
+                    t0 = time.perf_counter()
+                    it.invoke()
+                    times[k].append(time.perf_counter() - t0)
+        a, b = (statistics.median(t) * 1e6 for t in times)
+        print(f"{c.id:<18}{a:>9.1f}{b:>9.1f}{b - a:>+8.2f}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", required=True, help="exported with uncertainty")
-    p.add_argument("--plain", required=True, help="the same checkpoint, --no-uncertainty")
-    p.add_argument("--other", required=True, help="the model interleaved between calls")
+    p.add_argument("--plain", help="the same checkpoint, --no-uncertainty")
+    p.add_argument("--other", help="the model interleaved between calls")
     p.add_argument("--calls", type=int, default=10000)
     p.add_argument("--block", type=int, default=100, help="calls back to back per round")
     p.add_argument("--modes", default="b2b,int")
     p.add_argument("--config", action="append", default=None, help="only these (repeatable)")
+    p.add_argument("--graph", action="store_true", help="instead: the appended ops' own cost "
+                   "in the invoke (graph_cost; --plain and --other are then ignored)")
     a = p.parse_args()
+    if a.graph:
+        graph_cost(a.bundle)
+        return
     loop_table(a.bundle, a.plain, a.other, a.calls, a.block,
                tuple(m for m in a.modes.split(",") if m), a.config)
 
