@@ -38,7 +38,7 @@ from edge_sdk.answers.conformal import METHODS, add_top, calibrate, class_scores
 from edge_sdk.errors import ConfigError
 from edge_sdk.answers.graph import runtime_graph
 from edge_sdk.answers.ood import energy_score, l2_normalise
-from edge_sdk.answers.ood_graph import OodGraph, ood_numpy
+from edge_sdk.answers.ood_graph import OodGraph
 from edge_sdk.store import Store, compress_store, encode_store
 from edge_sdk.answers.uncertainty import (ALPHAS, INDEX_VERSION, SCORES, cascade_key, decode_bank,
                                           fuse_weights, quantile_array)
@@ -164,8 +164,8 @@ def fit_uncertainty(records: Sequence[dict], val_probs: Mapping[str, np.ndarray]
         spec = OodGraph(decode_bank(codes))
         entry: dict = {"dim": int(codes.shape[1]), "rows": int(codes.shape[0])}
         if bank.score == "energy+knn":  # z-statistics of validation scores
-            val_logits, val_f = run_outputs(buf, ev.val_x)
-            e, k = energy_score(val_logits), ood_numpy(spec, val_f)
+            val_logits, k = _scores(buf, spec, ev.val_x)  # the knn part, as the graph has it
+            e = energy_score(val_logits)
             entry["fuse"] = {"energy": [float(e.mean()), float(e.std())],
                              "knn": [float(k.mean()), float(k.std())]}
             spec = OodGraph(spec.bank, fuse_weights(tuple(entry["fuse"]["energy"]),

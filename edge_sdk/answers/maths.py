@@ -201,14 +201,6 @@ def _answer_rows_fields(c: Configuration, p: np.ndarray, logits: np.ndarray
             "mutual_info": mi}
 
 
-def eager_fields(top: tuple[np.ndarray | None, int, float, Lazy]
-                 ) -> tuple[list[float], float, float, int, float]:
-    """:func:`probabilities`' five values from a lean answer's parts, every field made now."""
-    probs, label, conf, (fn, args) = top
-    f = fn(*args)
-    return ((f["probs"] if probs is None else probs).tolist(), f["entropy"],
-            f.get("mutual_info", 0.0), label, conf)
-
 def _rows_exact(c: Configuration, logits: np.ndarray) -> tuple[list[float], float, float]:
     """:func:`probabilities` of several rows, each shifted by its own maximum (the general
     path: no row underflows); non-finite logits are refused."""

@@ -29,7 +29,6 @@ from edge_sdk.answers.maths import (
     Lazy,
     _non_finite,
     answer_top,
-    eager_fields,
     lean_top,
     probabilities,
 )
@@ -252,6 +251,8 @@ class Executor:
             if shape not in by_shape:
                 logits = np.zeros((rows, self._classes), np.float32)
                 p = np.full((1, self._classes), 1 / self._classes, np.float32)
+                unc, wk = self._unc, self._unc_width.get(c.id)
+                zeros = np.zeros(unc.widths[wk].dim if unc and wk else 1, np.float32)
                 times = []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
@@ -260,15 +261,14 @@ class Executor:
                         self._suspect.one(x)
                     top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
                            else lean_top(c, logits))
-                    if top is not None and (self._unc is None or self._unc.version > 1):
-                        # _execute_one's lean answer (the score: one read of the graph's
-                        # output, the set made when read)
+                    if top is not None:  # _execute_one's lean answer, the set made when read
                         lp, lab, conf, lz = top
+                        if unc and wk and unc.version == 1:  # scored in numpy, else one read
+                            unc.score_one(wk, zeros)
                         lean_answer(c, self._labels, lab, conf, lz, False, 0.0, 0.0, True, None,
                                     lp)
                     else:
-                        pr, h, mi, lab, conf = probabilities(c, logits) if top is None \
-                            else eager_fields(top)
+                        pr, h, mi, lab, conf = probabilities(c, logits)
                         # the score and the set: their own cost
                         self._uncertain(c, pr, [], c.id, None, lab, probe=True)
                         answer(c, self._labels, pr, h, mi, lab, conf, False, 0.0, 0.0, True)

@@ -97,7 +97,7 @@ class BatchExecutor(Executor):
                     interps[0][0].get_tensor(ans) if ans >= 0 else None
         interps, built = self._resident(c, 1)
         rows: list[Logits] = []
-        feats: list[npt.NDArray[np.float64] | None] = []
+        scores: list[npt.NDArray[np.float64] | None] = []
         answers: list[npt.NDArray[np.float32]] = []
         it, _, _, ans = interps[0]
         ans = ans if len(interps) == 1 else -1
@@ -105,13 +105,13 @@ class BatchExecutor(Executor):
         for i in range(n):
             logits, m = self._invoke(interps, xb[i:i + 1])
             rows.append(logits)
-            feats.append(self._scores(c, interps, 1))
+            scores.append(self._scores(c, interps, 1))
             if ans >= 0:
                 answers.append(it.get_tensor(ans))
             ms += m
         return np.stack(rows), ms, built, \
-            None if feats[0] is None else \
-            np.concatenate(cast("list[npt.NDArray[np.float64]]", feats)), \
+            None if scores[0] is None else \
+            np.concatenate(cast("list[npt.NDArray[np.float64]]", scores)), \
             np.concatenate(answers) if answers else None  # all or none have
 
     def _execute_batch(self, xn: npt.NDArray[Any], stages: tuple[Stage, ...], budget: Budget,
@@ -123,7 +123,7 @@ class BatchExecutor(Executor):
         n = len(xn)
         if len(stages) == 1:  # one configuration answers all: arrays only
             c = stages[0].config
-            logits, invoke, built, feats, answers = self._run_batch(
+            logits, invoke, built, ood, answers = self._run_batch(
                 c, xn, answer_only=c.scope == "point")
             if answers is None:
                 assert logits is not None
@@ -136,11 +136,10 @@ class BatchExecutor(Executor):
                         logits = it.get_tensor(out)
                     _non_finite(c, logits)
                 bp = got
-            ood = ind = sets = None
+            ind = sets = None
             if self._unc is not None:
                 wk = self._unc_width.get(c.id)
-                if wk is not None and feats is not None:
-                    ood = feats
+                if wk is not None and ood is not None:
                     ind = ood <= self._unc.widths[wk].threshold
                 q = self._qhat(c.id, alpha)
                 if q is not None:
@@ -165,7 +164,7 @@ class BatchExecutor(Executor):
         times: list[tuple[Configuration, float]] = []
         for i, st in enumerate(stages):
             s0 = clock()
-            logits, ms, b, feats, _ = self._run_batch(st.config, xn[pending])
+            logits, ms, b, scores, _ = self._run_batch(st.config, xn[pending])
             assert logits is not None  # (read unless answer_only)
             ds = draft_batch(st.config, logits)
             s1 = clock()
@@ -189,7 +188,7 @@ class BatchExecutor(Executor):
                     rest.append(j)
             if self._unc is not None and done:
                 self._uncertain_batch([ds[k] for k, _ in done],
-                                      None if feats is None else feats[[k for k, _ in done]],
+                                      None if scores is None else scores[[k for k, _ in done]],
                                       [key for _, key in done], alpha)
             if not rest:
                 break

@@ -12,14 +12,15 @@ from __future__ import annotations
 import math
 from typing import Any, TYPE_CHECKING
 
+from edge_sdk.tflite.ops import REDUCERS
 
 if TYPE_CHECKING:
     from edge_sdk.tflite.tensors import TensorEntry, Weights
     from edge_sdk.tflite.flatbuffer import Flat
 
 # ops whose second input is an int32 operand the writer makes from an option
-OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings", "MEAN": "axes",
-            "REDUCE_MAX": "axes", "REDUCE_MIN": "axes",
+OPERANDS = {"RESHAPE": "shape", "PAD": "paddings", "PADV2": "paddings",
+            **{r: "axes" for r in REDUCERS},
             "SLICE": "begin", "GATHER": "indices", "RESIZE_NEAREST_NEIGHBOR": "size",
             "RESIZE_BILINEAR": "size"}
 

@@ -62,6 +62,8 @@ OPS: dict[str, dict[str, Any]] = {
     "REDUCE_MIN": {"axes": [1], "keep_dims": False},
     "LOG": {},
 }
+#: the reductions over ``axes`` (their operand), with ReducerOptions' ``keep_dims``
+REDUCERS = ("MEAN", "REDUCE_MAX", "REDUCE_MIN")
 #: ops whose option ``scalar`` replaces their second input (a float32 [1] constant in the file)
 SCALAR_OPS = ("ADD", "MUL")
 #: ops with int8 kernels: the ops of an integer graph (edge_sdk.tflite.integer), whose
@@ -204,7 +206,7 @@ def infer_shape(op: str, ins: Sequence[Tensor | None], options: Mapping[str, Any
         k = pair(opt["size"], f"{what} size")
         s = pair(opt["stride"] if opt["stride"] is not None else opt["size"], f"{what} stride")
         return (n, *window_hw((h, w), k, s, opt["padding"], what), c), act
-    if op in ("MEAN", "REDUCE_MAX", "REDUCE_MIN"):
+    if op in REDUCERS:
         shape = _need(x, f"{what} input", dtype=act)
         axes = {int(a) % len(shape) for a in opt["axes"] if -len(shape) <= int(a) < len(shape)}
         if len(axes) != len(list(opt["axes"])) or not axes:

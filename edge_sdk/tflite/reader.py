@@ -42,6 +42,7 @@ from edge_sdk.tflite.flatbuffer import Flat, Table
 from edge_sdk.tflite.graph import Graph
 from edge_sdk.tflite.tensors import Op, Quantization, Tensor, TensorEntry, Weights
 from edge_sdk.tflite.operands import OPERANDS, operand, scalar_operand
+from edge_sdk.tflite.ops import REDUCERS
 from edge_sdk.tflite.schema import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
 __all__ = ["read_graph", "MAX_ELEMENTS"]
@@ -76,9 +77,7 @@ _OPTION_FIELDS = {
     "CONCATENATION": ("ConcatenationOptions", {0, 1}),
     "MAX_POOL_2D": ("Pool2DOptions", {0, 1, 2, 3, 4, 5}),
     "AVERAGE_POOL_2D": ("Pool2DOptions", {0, 1, 2, 3, 4, 5}),
-    "MEAN": ("ReducerOptions", {0}),
-    "REDUCE_MAX": ("ReducerOptions", {0}),
-    "REDUCE_MIN": ("ReducerOptions", {0}),
+    **{op: ("ReducerOptions", {0}) for op in REDUCERS},
     "L2_NORMALIZATION": ("L2NormOptions", {0}),
     "RESHAPE": ("ReshapeOptions", {0}),
     "PAD": ("PadOptions", set()),
@@ -152,7 +151,7 @@ def _options(op: str, t: Table | None, flat: Flat, where: str) -> dict[str, Any]
         return {"axis": axis}
     if op == "CONCATENATION":
         return {"axis": t.scalar(0, "<i", 0), "activation": act(1)}
-    if op in ("MEAN", "REDUCE_MAX", "REDUCE_MIN"):
+    if op in REDUCERS:
         keep = t.scalar(0, "<B", 0)
         if keep not in (0, 1):
             raise flat.bad(f"{where}: keep_dims {keep}, expected 0 or 1")

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_sdk.tflite.graph import Graph, check_weight
-from edge_sdk.tflite.ops import pair
+from edge_sdk.tflite.ops import OPS, REDUCERS, pair
 from edge_sdk.tflite.schema import BUILTIN_CODES, MODEL_VERSION, OPTIONS_TYPES, TENSOR_TYPES
 
 if TYPE_CHECKING:
@@ -118,11 +118,8 @@ _OPTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[_Field]]]] = {
                       lambda o: [("Int32", 0, int(o.get("axis", -1)), 0)] + _act(o, 1)),
     "MAX_POOL_2D": ("Pool2DOptions", _pool),
     "AVERAGE_POOL_2D": ("Pool2DOptions", _pool),
-    "MEAN": ("ReducerOptions", lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)]),
-    "REDUCE_MAX": ("ReducerOptions",
-                   lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)]),
-    "REDUCE_MIN": ("ReducerOptions",
-                   lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)]),
+    **{op: ("ReducerOptions", lambda o: [("Bool", 0, bool(o.get("keep_dims", False)), False)])
+       for op in REDUCERS},
     "L2_NORMALIZATION": ("L2NormOptions", _act),
     "PAD": ("PadOptions", lambda o: []),
     "PADV2": ("PadV2Options", lambda o: []),
@@ -201,15 +198,13 @@ def _plan(graph: Graph, weights: Mapping[str, npt.NDArray[Any]]
         elif o.op == "FULLY_CONNECTED" and len(ins) == 2:
             ins.append(-1)  # optional bias left out: version 1 still
         operand = {"RESHAPE": ("shape", "shape"), "PAD": ("paddings", "paddings"),
-                   "PADV2": ("paddings", "paddings"), "MEAN": ("axes", "axes"),
-                   "REDUCE_MAX": ("axes", "axes"), "REDUCE_MIN": ("axes", "axes"),
+                   "PADV2": ("paddings", "paddings"), **{r: ("axes", "axes") for r in REDUCERS},
                    "GATHER": ("indices", "indices"), "RESIZE_NEAREST_NEIGHBOR": ("size", "size"),
                    "RESIZE_BILINEAR": ("size", "size")}.get(o.op)
         if operand is not None:  # schema: these take their int32 operand as input 1
             key, suffix = operand
-            default = {"MEAN": [1, 2], "REDUCE_MAX": [1], "REDUCE_MIN": [1]}.get(o.op)
-            v = np.asarray(o.options.get(key, default), np.int32)
-            if o.op in ("MEAN", "REDUCE_MAX", "REDUCE_MIN"):
+            v = np.asarray(o.options.get(key, OPS[o.op].get(key)), np.int32)
+            if o.op in REDUCERS:
                 rank = len(tensors[ins[0]].shape)
                 v = np.asarray(sorted({int(a) % rank for a in v}), np.int32)
             ins.insert(1, add(_T(f"{out}/{suffix}", v.shape, "int32", v)))
