@@ -164,7 +164,8 @@ def _epochs(model: nn.Module, cfg: Config, train_ds, seed: int, epochs: int, ste
     # methods, not layouts
     channels_last_(model, cfg.train.channels_last)
     opt = _optimizer(model, cfg)
-    loader = _loader(train_ds, cfg.train.batch_size, True, seed)
+    loader = _loader(train_ds, cfg.train.batch_size, True, seed,
+                     workers=cfg.train.num_workers)  # a photo folder decodes in workers
     sched = _scheduler(opt, cfg, len(loader) * epochs, len(loader))
     for epoch in range(epochs):
         loader.generator.manual_seed(seed * 100_003 + epoch)

@@ -32,7 +32,7 @@ from exporters.precision import check_precisions
 from exporters.slice import posterior_kind
 from trainer import checkpoint as ckpt_io
 from trainer.config import config_from_dict, config_to_dict
-from trainer.data import load_data, load_ood, nhwc_inputs
+from trainer.data import load_data, load_ood, nhwc_inputs, training_view
 from trainer.evaluate import batches
 from trainer.layers import BayesNestedLayer
 
@@ -230,19 +230,22 @@ def _export_locked(checkpoint, out, opts: ExportOptions, lock, progress: bool, l
                                            out_cfg, device, sampled, progress)
     configs = out_cfg.finish(opts.cascade_max_loss)
     unc_report = None
+    # the training split as arrays (a photo folder's: a seeded sample, trainer.data.TRAINING_VIEW)
+    train_view = training_view(data.train, cfg.seed) if opts.uncertainty or opts.input_stats else None
     if opts.uncertainty:
-        entry, blob, unc_report = _uncertainty(out_cfg, configs, data.train, opts, log)
+        entry, blob, unc_report = _uncertainty(out_cfg, configs, train_view, opts, log)
         if entry is not None:
             extra["uncertainty"] = entry
             files[entry["name"]] = blob
     if opts.input_stats:  # input_suspect: the training split's raw statistics
         from exporters.input_stats import fit_input_stats
 
-        extra["input_stats"] = fit_input_stats(data.train.raw, spec.value_range)
+        extra["input_stats"] = fit_input_stats(train_view.raw, spec.value_range)
     sd = spec.to_dict()
     manifest = B.Manifest.from_dict({
         "schema_version": B.SCHEMA_VERSION, "layout": opts.layout, **extra,
-        "input": {k: sd[k] for k in ("shape", "layout", "dtype", "value_range", "mean", "std")},
+        "input": {k: sd[k] for k in ("shape", "layout", "dtype", "value_range", "mean", "std",
+                                     "preprocess") if k in sd},  # preprocess: when recorded
         "labels": list(spec.classes),
         "source": {"checkpoint": Path(checkpoint).name,
                    "checkpoint_sha256": hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest(),

@@ -67,21 +67,56 @@ class DataConfig:
     test_fraction: float = _opt(0.2, min=0.0, max=0.5, min_exclusive=True, max_exclusive=True)
     # the split is part of the checkpoint: same seed -> same untouched test set
     split_seed: int = _opt(0, min=0)
-    # auto = crop_flip for 32x32 RGB (CIFAR/SVHN practice), none for small grey images;
-    # crop_flip: zero-padded crop + flip per image; crop_flip_batch: one reflect-padded crop
-    # offset per batch, flip per image (the reference networks' recipe; vectorised over the batch)
-    augment: str = _opt("auto", choices=("auto", "none", "crop_flip", "crop_flip_batch"))
+    # auto = crop_flip for 32x32 RGB (CIFAR/SVHN practice), random_resized_crop for photo
+    # folders, none for small grey images; crop_flip: zero-padded crop + flip per image;
+    # crop_flip_batch: one reflect-padded crop offset per batch, flip per image (the reference
+    # networks' recipe; vectorised over the batch); random_resized_crop (photo folders only):
+    # torchvision's RandomResizedCrop(image_size, scale=crop_scale) + flip of each decoded photo
+    augment: str = _opt("auto", choices=("auto", "none", "crop_flip", "crop_flip_batch",
+                                         "random_resized_crop"))
     # BN re-collection subset of the training split (BN3 App. 9.2): ~1k samples suffice
     calib_samples: int = _opt(1024, min=1)
-    # imagefolder: resize to this square size (required there; images differ in size)
+    # imagefolder: the model's input side, pixels (required there; photos differ in size)
     image_size: int | None = _opt(None, min=1)
+    # imagefolder evaluation: shorter side -> round(image_size / crop_fraction), centre crop;
+    # 0.875 is the ImageNet evaluation's ratio (224 from 256), recorded in the bundle
+    crop_fraction: float = _opt(0.875, min=0.0, max=1.0, min_exclusive=True)
+    # imagefolder training: RandomResizedCrop's area range. 0.25, not ImageNet's 0.08: a small
+    # model at 128 px learns little from crops of 8 % of a photo (a garment's button)
+    crop_scale: list[float] = _opt(factory=lambda: [0.25, 1.0], min_len=2,
+                                   items={"min": 0.0, "max": 1.0, "min_exclusive": True})
+    # imagefolder normalisation, raw 0..255 units per channel: null = measured on a seeded
+    # sample of stats_samples training photos (evaluation transform); give ImageNet's
+    # (mean [123.675, 116.28, 103.53], std [58.395, 57.12, 57.375]) with ImageNet weights
+    mean: list[float] | None = _opt(None, min_len=1)
+    std: list[float] | None = _opt(None, min_len=1, items={"min": 0.0, "min_exclusive": True})
+    # enough photos for the mean and std to four digits; a fixed sample, so a later export
+    # re-measures the same numbers without a pass over the folder
+    stats_samples: int = _opt(512, min=1)
+    # imagefolder training: memmap = decode every training photo once, resized to the shorter
+    # side of the evaluation transform, into one memory-mapped file under cache_dir that the
+    # workers read (trainer/photo_cache.py: on 2 cores, JPEG decoding starved the steps)
+    cache: str = _opt("none", choices=("none", "memmap"))
+    cache_dir: str = "~/.cache/edge-sdk/photos"
 
     def _cross_check(self, path: str) -> None:
-        if self.source.startswith("imagefolder:") and self.image_size is None:
+        folder = self.source.startswith("imagefolder:")
+        if folder and self.image_size is None:
             raise ConfigError(
                 f"{_join(path, 'image_size')} is required when {_join(path, 'source')} is "
-                f"imagefolder:<path> (images are resized to image_size x image_size), got null"
-            )
+                f"imagefolder:<path> (photos are resized and cropped to image_size x "
+                f"image_size), got null")
+        if len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1]:
+            raise ConfigError(f"{_join(path, 'crop_scale')} must be [lo, hi] with "
+                              f"0 < lo <= hi <= 1, got {self.crop_scale}")
+        if (self.mean is None) != (self.std is None) or (
+                self.mean is not None and self.std is not None and len(self.mean) != len(self.std)):
+            raise ConfigError(f"{_join(path, 'mean')} and {_join(path, 'std')} go together, one "
+                              f"value per channel each; got {self.mean} and {self.std}")
+        if not folder and (self.augment == "random_resized_crop" or self.mean is not None):
+            raise ConfigError(f"{_join(path, 'augment')}: random_resized_crop and "
+                              f"{_join(path, 'mean')} / std apply to imagefolder:<path> sources "
+                              f"only (source {self.source!r})")
 
 
 @dataclass
@@ -100,6 +135,10 @@ class ModelConfig:
     init: str = _opt("kaiming_normal", choices=("kaiming_normal", "torch"))
     # extra keyword arguments for create_model (architecture-specific)
     kwargs: dict[str, Any] = _opt(factory=dict)
+    # a plain network's state dict (a .pt / .pth file, e.g. torchvision's ImageNet weights
+    # downloaded once) loaded into the model before nesting; its classifier is resized to the
+    # data's classes. Models built by nest() only: the zoo's and module:factory networks
+    weights: str | None = None
 
     def _cross_check(self, path: str) -> None:
         if self.frozen > self.groups:

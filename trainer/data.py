@@ -7,11 +7,13 @@ Sources (``data.source``; read into raw arrays by :mod:`trainer.sources`):
                          float images N x H x W (grey) or N x H x W x C; read without pickle
 ``mnist`` | ``fashion_mnist`` | ``cifar10`` | ``svhn``
                          torchvision datasets under ``data.root`` (downloaded only if ``data.download``)
-``imagefolder:<path>``   torchvision ImageFolder, resized to ``data.image_size``, kept as uint8 RGB
+``imagefolder:<path>``   photos, streamed (:mod:`trainer.folders`): the user's train / val / test
+                         folders or one folder split three ways; ``data.image_size`` px
 
-Everything is small enough to hold in memory, so each dataset is converted once to numpy
+The array sources are small enough to hold in memory, so each is converted once to numpy
 ("raw", NHWC, the format the device feeds) and to a normalised float32 NCHW tensor (what
-the model trains on). Normalisation statistics come from the training split only.
+the model trains on); a photo folder's training split is decoded on the fly instead.
+Normalisation statistics come from the training split only.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from edge_sdk.bundle import InputSpec  # the one input spec (manifest, checkpoin
 from edge_sdk.errors import ConfigError, DataError
 
 from .config import DataConfig, validate
+from .folders import FolderDataset
 from .sources import _read_npz_images, _read_source
 
 __all__ = [
@@ -137,35 +140,66 @@ class DataSplits:
     spec: InputSpec
     source: str
     split_seed: int
+    note: str = ""  # what the loader decided (a photo folder: whose splits, their sizes)
 
     @property
     def num_classes(self) -> int:
         return self.spec.num_classes
 
 
-def subset(ds: ArrayDataset, indices: Sequence[int] | np.ndarray, augment: str | None = None) -> ArrayDataset:
-    """Rows ``indices`` of ds (a copy); keeps ds's augmentation unless ``augment`` is given."""
+def subset(ds: ArrayDataset | FolderDataset, indices: Sequence[int] | np.ndarray,
+           augment: str | None = None) -> ArrayDataset | FolderDataset:
+    """Rows ``indices`` of ds (a copy; of a photo folder, its paths); keeps ds's augmentation
+    unless ``augment`` is given."""
     idx = np.asarray(indices)
     if idx.dtype == bool or idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
         raise DataError(f"indices must be a 1-D sequence of integers, got dtype {idx.dtype}, shape {idx.shape}")
     idx = idx.astype(np.int64)
     if idx.size and (idx.min() < 0 or idx.max() >= len(ds)):
         raise DataError(f"indices must be in [0, {len(ds)}), got range [{idx.min()}, {idx.max()}]")
+    if isinstance(ds, FolderDataset):
+        return ds.subset(idx, augment)
     t = torch.from_numpy(idx)
     return ArrayDataset(ds.x[t], ds.y[t], ds.raw[idx], ds.augment if augment is None else augment)
 
 
-def calibration_subset(ds: ArrayDataset, n: int, seed: int) -> ArrayDataset:
-    """First n samples of a seeded permutation, augmentation off (BN statistics re-collection)."""
+def calibration_subset(ds: ArrayDataset | FolderDataset, n: int, seed: int) -> ArrayDataset:
+    """First n samples of a seeded permutation, augmentation off (BN statistics re-collection);
+    photos decoded once by the evaluation transform."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise DataError(f"calibration subset size must be an int >= 1, got {n!r}")
     perm = np.random.default_rng(seed).permutation(len(ds))
-    return subset(ds, np.sort(perm[:n]), augment="none")
+    return in_memory(subset(ds, np.sort(perm[:n]), augment="none"))
 
 
-def nhwc_inputs(ds: ArrayDataset, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def in_memory(ds: ArrayDataset | FolderDataset) -> ArrayDataset:
+    """ds itself, or a photo folder's photos decoded by the evaluation transform (all of them:
+    take a :func:`calibration_subset` of a large folder instead)."""
+    if isinstance(ds, ArrayDataset):
+        return ds
+    from .folders import decode_eval
+
+    raw = decode_eval(ds.paths, ds.spec.preprocess, ds.spec.channels)
+    return ArrayDataset.from_raw(raw, ds.y.numpy(), ds.spec)
+
+
+# what the exporter reads of a photo folder's training split (the OOD prototypes, the input
+# statistics): a seeded sample, so an export holds thousands of photos, not the folder
+TRAINING_VIEW = 4096
+
+
+def training_view(ds: ArrayDataset | FolderDataset, seed: int = 0) -> ArrayDataset:
+    """The training split as arrays: itself in memory, or a seeded :data:`TRAINING_VIEW` photos."""
+    if isinstance(ds, ArrayDataset):
+        return ds
+    return calibration_subset(ds, min(TRAINING_VIEW, len(ds)), seed)
+
+
+def nhwc_inputs(ds: ArrayDataset | FolderDataset, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(normalised model inputs as NHWC float32 numpy, labels) of ds, the first ``limit`` samples
     (all when None): what the exporter and the report feed the interpreter."""
+    if isinstance(ds, FolderDataset):
+        ds = in_memory(ds if limit is None else ds.subset(np.arange(min(limit, len(ds))), "none"))
     x, y = ds.x, ds.y
     if limit is not None:
         x, y = x[:limit], y[:limit]
@@ -271,7 +305,11 @@ def load_data(cfg: DataConfig, spec: InputSpec | None = None) -> DataSplits:
     if not isinstance(cfg, DataConfig):
         raise TypeError(f"load_data expects a DataConfig, got {type(cfg).__name__}")
     cfg = validate(cfg, "data")  # unknown source / missing image_size -> ConfigError naming the key
-    raw = _read_source(cfg.source, cfg.root, cfg.download, cfg.image_size)
+    if cfg.source.startswith("imagefolder:"):  # photos: streamed (trainer.folders)
+        from .folders import load_folder
+
+        return load_folder(cfg, spec)
+    raw = _read_source(cfg.source, cfg.root, cfg.download)
     if raw.x_train.shape[0] == 0:
         raise DataError(
             f"data source {cfg.source!r} has no training data (x_train is empty): it is a test-only set, "
@@ -345,9 +383,12 @@ def load_ood(
         raise ConfigError(f"data source must be a string, got {type(source).__name__}")
     if source.startswith("npz:") and len(source) > 4:
         x, y = _read_npz_images(source[4:], labels)
+    elif source.startswith("imagefolder:") and len(source) > 12:
+        from .folders import ood_folder
+
+        x, y = ood_folder(source, spec)  # by the spec's own evaluation transform
     else:
-        image_size = spec.shape[1] if source.startswith("imagefolder:") else None  # the model's input
-        raw = _read_source(source, root, download, image_size)
+        raw = _read_source(source, root, download)
         if raw.x_test is not None and raw.y_test is not None and raw.x_test.shape[0]:
             x, y = raw.x_test, raw.y_test
         else:

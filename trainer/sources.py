@@ -1,7 +1,7 @@
 """Reading a data source (``data.source``) into raw arrays: NHWC images and int64 labels.
 
-A reader per source (scikit-learn's bundled digits, ``npz:<path>``, the torchvision datasets,
-``imagefolder:<path>``) into ``_Raw`` (train and optional test split, class names, value
+A reader per array source (scikit-learn's bundled digits, ``npz:<path>``, the torchvision
+datasets; photo folders stream instead: :mod:`trainer.folders`) into ``_Raw`` (train and optional test split, class names, value
 range), and an npz's single split for evaluation or OOD data. Split out of trainer/data.py,
 which makes the normalised, stratified splits from what this returns; moved as it was.
 """
@@ -182,36 +182,11 @@ def _read_torchvision(name: str, root: str, download: bool) -> _Raw:
     return _Raw(x_train, y_train, x_test, y_test, classes, (0.0, 255.0))
 
 
-def _read_imagefolder(path: str, image_size: int) -> _Raw:
-    from PIL import Image
-    from torchvision import datasets
-
-    path = os.path.expanduser(path)
-
-    def load(img: Image.Image) -> np.ndarray:
-        return np.asarray(img.resize((image_size, image_size), Image.BILINEAR), dtype=np.uint8)
-
-    try:
-        ds = datasets.ImageFolder(path, transform=load)  # default loader converts to RGB
-    except (OSError, RuntimeError) as exc:  # FileNotFoundError: no directory / no class folders
-        raise DataError(f"cannot read image folder '{path}' (expected <path>/<class>/<image>): {exc}") from exc
-    try:
-        x = np.stack([ds[i][0] for i in range(len(ds))])  # one pass per image: unavoidable for files
-    except OSError as exc:
-        raise DataError(f"cannot read an image under '{path}': {exc}") from exc
-    y = np.asarray(ds.targets, dtype=np.int64)
-    return _Raw(x, y, None, None, tuple(ds.classes), (0.0, 255.0))
-
-
-def _read_source(source: str, root: str, download: bool, image_size: int | None) -> _Raw:
+def _read_source(source: str, root: str, download: bool) -> _Raw:
     if source == "digits":
         return _read_digits()
     if source in BUILTIN_SOURCES:
         return _read_torchvision(source, root, download)
     if source.startswith("npz:") and len(source) > 4:
         return _read_npz(source[4:])
-    if source.startswith("imagefolder:") and len(source) > 12:
-        if image_size is None:
-            raise ConfigError("data.image_size is required for an imagefolder:<path> source")
-        return _read_imagefolder(source[12:], image_size)
     raise ConfigError(f"unknown data source {source!r}; accepted: {_accepted_sources()}")

@@ -63,8 +63,10 @@ def build_model(cfg: Config, data: DataSplits) -> NestedModel:
                   frozen=cfg.model.frozen, prior_pi=cfg.ordering.prior_pi,
                   init_mubar=cfg.ordering.init_mubar, log_alpha_init=cfg.bayes.log_alpha_init)
     kwargs.update(cfg.model.kwargs)
+    if cfg.model.weights is not None:  # a pretrained start, loaded before nesting
+        kwargs["weights"] = cfg.model.weights
     model = create_model(cfg.model.name, **kwargs)
-    if cfg.model.init == "torch" and not is_factory_path(cfg.model.name):
+    if cfg.model.init == "torch" and not is_factory_path(cfg.model.name) and not cfg.model.weights:
         for layer in model.bayes_layers():
             layer.reset_torch_default(cfg.bayes.log_alpha_init)
     apply_weight_prior(model, cfg)
@@ -95,8 +97,10 @@ def regularizer(model: NestedModel, cfg: Config, n_train: int) -> torch.Tensor:
 
 def _loader(ds, batch_size: int, shuffle: bool, seed: int, sampler=None, workers: int = 0):
     g = torch.Generator().manual_seed(seed)
+    # workers kept across epochs: a photo folder's decoders would otherwise re-fork each epoch
     return DataLoader(ds, batch_size=batch_size, shuffle=shuffle and sampler is None,
                       sampler=sampler, generator=g, num_workers=workers,
+                      persistent_workers=workers > 0,
                       drop_last=shuffle and len(ds) > batch_size)  # no 1-sample BN batches
 
 
@@ -233,6 +237,8 @@ def train(cfg: Config, out_dir: str | os.PathLike | None = None, resume: bool = 
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=cfg.train.sandwich or cfg.train.nested_start > 0)
+    if rank == 0 and data.note:
+        log(data.note)
     if rank == 0:
         log(f"training {model.arch['name']} on {data.source}: {n_train} train / {len(data.val)} "
             f"val / {len(data.test)} test samples, {cfg.train.epochs} epochs, world size {world}, "

@@ -4,8 +4,9 @@ The exporter writes bundles through :func:`write_bundle`; the runtime reads them
 :func:`read_manifest`. This package owns the schema, so both sides agree on it by construction.
 Its modules, in reading order: :mod:`edge_sdk.validation` (the typed checks, shared with the
 device profiles), :mod:`.records` (constants, FileEntry, OutputSpec), :mod:`.input_spec`
-(InputSpec), :mod:`.configuration` (Configuration), :mod:`.compact` (the store form's compact
-manifest), :mod:`.manifest` (Manifest), :mod:`.reading` (parse, resolve, verify),
+(InputSpec), :mod:`.preprocess` (a photo model's Preprocess), :mod:`.configuration`
+(Configuration), :mod:`.compact` (the store form's compact manifest), :mod:`.manifest`
+(Manifest), :mod:`.reading` (parse, resolve, verify),
 :mod:`.slices` (the verified bytes interpreters are built from), :mod:`.writing` (atomic write)
 and :mod:`.recovery` (one export at a time, and what a killed one left). Import every name from
 here: ``from edge_sdk.bundle import Manifest``.
@@ -23,6 +24,11 @@ of docs/store.md §5; version 2 is version 3 without ``layout``, ``store``,
       value_range: [lo, hi]
       mean: [C floats]
       std: [C floats, > 0]
+      preprocess:     # schema version 9, optional: a photo model's evaluation transform, which
+        resize: 146   # the runtime applies to image files and uint8 photos of any size (dtype
+        crop: [H, W]  # uint8 only): shorter side -> resize, centre crop [H, W] (= the shape's)
+        interpolation: bilinear       # a Pillow filter: nearest, bilinear, bicubic, lanczos, ...
+        exif: true                    # files turned upright by their EXIF orientation first
     labels: [class names]             # one per output class; non-empty, unique
     source: {...}                     # free-form provenance (plain YAML values)
     batch_dim: 0                      # the slices' batch dimension: resize_tensor_input(0,
@@ -87,6 +93,7 @@ from edge_sdk.bundle.manifest import Manifest
 from edge_sdk.bundle.files import PathLike, resolve_file, sha256_file
 from edge_sdk.bundle.reading import manifest_to_yaml, read_manifest, verify_files
 from edge_sdk.bundle.input_spec import InputSpec
+from edge_sdk.bundle.preprocess import INTERPOLATIONS, Preprocess
 from edge_sdk.bundle.records import (
     BUNDLE_LAYOUTS,
     FILE_SUFFIX,
@@ -116,6 +123,7 @@ from edge_sdk.errors import BundleError  # noqa: F401 (tests and exporters reach
 __all__ = [
     "BUNDLE_LAYOUTS",
     "INPUT_DTYPES",
+    "INTERPOLATIONS",
     "LAYOUTS",
     "MANIFEST_NAME",
     "OUTPUT_KINDS",
@@ -131,6 +139,7 @@ __all__ = [
     "InputSpec",
     "Manifest",
     "OutputSpec",
+    "Preprocess",
     "Recipe",
     "Slice",
     "StoreEntry",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edge_sdk.bundle.records import INPUT_DTYPES, LAYOUTS, _Record
+from edge_sdk.bundle.records import INPUT_DTYPES, LAYOUTS, _Record, _record
 from edge_sdk.errors import BundleError, DataError, InputSpecError, InputSpecMismatchError
 from edge_sdk.validation import (
     FLOAT32_MAX,
@@ -24,6 +24,9 @@ from edge_sdk.validation import (
     list_value,
     show,
 )
+
+if TYPE_CHECKING:  # imported where a transform is parsed: the bundle's import chain stays short
+    from edge_sdk.bundle.preprocess import Preprocess
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +50,10 @@ class InputSpec(_Record):
     std: tuple[float, ...]
     # the training data's class names (checkpoints); None in a manifest, whose labels hold them
     classes: tuple[str, ...] | None = field(default=None, metadata={"manifest": False})
+    # (schema version 9) a photo model's evaluation transform (resize, centre crop): the
+    # runtime applies it to image files and uint8 arrays of any size; None: inputs come at
+    # ``shape`` already
+    preprocess: Preprocess | None = None
 
     @property
     def channels(self) -> int:
@@ -69,10 +76,13 @@ class InputSpec(_Record):
             raise InputSpecError(str(exc)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data in schema key order; ``classes`` only when carried (never in a manifest)."""
+        """Plain data in schema key order; ``classes`` only when carried (never in a manifest),
+        ``preprocess`` only when recorded."""
         out = super().to_dict()
         if self.classes is None:
             del out["classes"]
+        if self.preprocess is None:
+            del out["preprocess"]
         return out
 
     @classmethod
@@ -125,6 +135,17 @@ class InputSpec(_Record):
                 if not isinstance(name, str):
                     fail(f"{p}[{i}]", f"expected a class name (string), {got(name)}")
             classes = tuple(str(name) for name in items)
+        pre = v["preprocess"]
+        if pre is not None:
+            from edge_sdk.bundle.preprocess import Preprocess
+
+            p = join(path, "preprocess")
+            pre = _record(Preprocess, pre, p)
+            if pre.crop != shape[1:3]:
+                fail(join(p, "crop"), f"expected the input's [H, W] {list(shape[1:3])}, got "
+                                      f"{list(pre.crop)}")
+            if dtype != "uint8":
+                fail(p, f"a photo transform makes uint8 pixels: expected dtype uint8, got {dtype}")
         return {
             "shape": shape,
             "layout": layout,
@@ -133,6 +154,7 @@ class InputSpec(_Record):
             "mean": mean,
             "std": std,
             "classes": classes,
+            "preprocess": pre,
         }
 
     def normalize(self, raw: Any) -> Any:
@@ -158,7 +180,8 @@ class InputSpec(_Record):
         both specs carry them.
         """
         out: list[tuple[str, Any, Any]] = []
-        for name in ("shape", "layout", "dtype", "value_range", "mean", "std", "classes"):
+        for name in ("shape", "layout", "dtype", "value_range", "mean", "std", "classes",
+                     "preprocess"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if name == "classes" and (mine is None or theirs is None):
                 continue

@@ -224,6 +224,10 @@ class Manifest(_Record):
         if out["input"].classes is not None:
             fail(join(path, "input.classes"), "unknown key: a manifest's input carries no class "
                   "names (its top-level labels do)")
+        if out["input"].preprocess is not None and out["schema_version"] < 9:
+            fail(join(path, "input.preprocess"), f"needs schema version 9 (a version-"
+                 f"{out['schema_version']} bundle records no photo transform: its input comes "
+                 "at its shape); set schema_version: 9 or remove it")
 
         p = join(path, "labels")
         items = list_value(v["labels"], p, nonempty=True)
@@ -317,27 +321,20 @@ class Manifest(_Record):
         for i, config in enumerate(configs):
             cp = f"{p}[{i}]"
             if config.id in ids:
-                fail(
-                    join(cp, "id"),
-                    f"duplicate configuration id {show(config.id)} (also {p}[{ids[config.id]}])",
-                )
+                fail(join(cp, "id"), f"duplicate configuration id {show(config.id)} (also "
+                                     f"{p}[{ids[config.id]}])")
             ids[config.id] = i
             classes = config.output.shape[1]
             if classes != len(labels):
-                fail(
-                    f"{cp}.output.shape[1]",
-                    f"expected {len(labels)} classes (one per label), got {classes}",
-                )
+                fail(f"{cp}.output.shape[1]", f"expected {len(labels)} classes (one per "
+                                              f"label), got {classes}")
             for j, entry in enumerate(config.files):
                 fp = f"{cp}.files[{j}]"
                 if entry.name in files:
                     other, where = files[entry.name]
                     if other != entry:
-                        fail(
-                            fp,
-                            f"file {entry.name!r} is also listed by {where} "
-                            "with a different sha256 or size",
-                        )
+                        fail(fp, f"file {entry.name!r} is also listed by {where} with a "
+                                 "different sha256 or size")
                     continue
                 lower = entry.name.casefold()
                 if lower in folded and folded[lower] != entry.name:

@@ -50,10 +50,13 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("bundle")
     p.add_argument("--input", required=True,
                    help=".npy: one sample [H, W, C] or a batch [N, H, W, C] (a grey model also "
-                        "takes [H, W] and [N, H, W]); or an image of the model's size")
+                        "takes [H, W] and [N, H, W]); or an image of the model's size (of any "
+                        "size, and a uint8 .npy photo too, for a bundle that records its photo "
+                        "transform)")
     p.add_argument("--resize", action="store_true",
                    help="resize an image of another size and convert its channels (else an "
-                        "image must match the model's input)")
+                        "image must match the model's input); a bundle that records its photo "
+                        "transform resizes and crops by it, and ignores this")
     p.add_argument("--latency-ms", type=float, default=None,
                    help="end-to-end latency budget per call (a batch: per batch)")
     p.add_argument("--memory-mb", type=float, default=None)

@@ -146,12 +146,12 @@ class InputChecker:
             return ""
         return f": row {rows[0]} (the first of {len(rows)} of {len(arr)} rows {which})"
 
-    def one(self, x: npt.ArrayLike, what: str = "x") -> Normalised:
+    def one(self, x: Any, what: str = "x") -> Normalised:
         """One sample -> normalised float32 ``[1, H, W, C]``: what a slice's own graph takes
         (benchmarks, tests; the runtime feeds :meth:`feed`'s raw values)."""
         return self._values(self._sample(x, what), what)[None]
 
-    def feed(self, x: npt.ArrayLike, what: str = "x") -> npt.NDArray[Any]:
+    def feed(self, x: Any, what: str = "x") -> npt.NDArray[Any]:
         """One sample -> checked raw values ``[1, H, W, C]`` of :attr:`feed_dtype`, what the
         runtime's interpreters take (their graphs normalise: edge_sdk/answers/graph.py)."""
         if type(x) is np.ndarray and x.shape == self.want:  # the common case, kept lean
@@ -186,7 +186,7 @@ class InputChecker:
             self.grey is not None and len(shape) == 3 and tuple(shape[1:]) == self.grey
             and tuple(shape) != self.want)
 
-    def feed_batch(self, xs: npt.ArrayLike, what: str = "xs") -> npt.NDArray[Any]:
+    def feed_batch(self, xs: Any, what: str = "xs") -> npt.NDArray[Any]:
         """``N`` samples -> checked raw values ``[N, H, W, C]`` of :attr:`feed_dtype`."""
         # the common case, kept lean as feed's (shape[1:] == want: ndim is len(want) + 1)
         if type(xs) is np.ndarray and xs.shape[1:] == self.want and len(xs):

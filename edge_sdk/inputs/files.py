@@ -5,6 +5,11 @@ Images are taken as they are: an image of another size or channel count than the
 refused unless ``resize=True`` (``--resize``), since silently squashing a 64x48 photo onto an
 8x8 digit model answers confidently about nothing. Pixels are scaled by the image's bit depth
 (8-bit by 255, 16-bit by 65535, 1-bit by 1) onto the model's raw value range.
+
+A bundle that records its photo transform (``input.preprocess``) takes an image of any size:
+it is decoded, resized and cropped by that transform (:func:`edge_sdk.inputs.images.prepare`,
+what ``predict`` does with a path), and ``resize`` plays no part. A ``.npy`` array is returned
+as stored either way (``predict`` prepares a uint8 photo of another size).
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ _LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R 601-2, as Pillow's convert("L")
 
 
 def read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[Any]:
-    """The array in ``path`` (a .npy file: as stored; an image: in ``spec``'s dtype)."""
+    """The array in ``path`` (a .npy file: as stored; an image: in ``spec``'s dtype, and with
+    a recorded photo transform the model's uint8 input, prepared by it)."""
     p = Path(path)
     if p.is_dir():
         raise InputError(f"--input {path} is a directory; expected a .npy array or an image file")
@@ -36,6 +42,10 @@ def read_input(path: str, spec: InputSpec, resize: bool = False) -> npt.NDArray[
         raise InputError(f"--input {path} {kind}; expected a .npy array or an image file")
     if p.suffix.lower() == ".npy":
         return _read_npy(p)
+    if spec.preprocess is not None:  # a photo model: its own transform, any size
+        from edge_sdk.inputs.images import prepare
+
+        return prepare(p, spec.preprocess, spec.channels)  # InputError naming the file
     arr = _read_image(p)  # [h, w, channels] in [0, 1]
     _, h, w, c = spec.shape
     if arr.shape != (h, w, c):

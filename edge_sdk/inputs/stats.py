@@ -45,7 +45,8 @@ class SuspectCheck:
                           float(self._lo[1, 0]), float(self._hi[1, 0]))
 
     def one(self, x: npt.NDArray[Any]) -> bool:
-        """Whether one raw sample (``[H, W, C]`` or a grey ``[H, W]``) is suspect."""
+        """Whether one raw sample (``[H, W, C]``, ``[1, H, W, C]`` or a grey ``[H, W]``) is
+        suspect."""
         if self.channels == 1:
             mean = float(np.add.reduce(x, axis=None)) / x.size
             top = float(np.maximum.reduce(x, axis=None))

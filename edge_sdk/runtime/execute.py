@@ -256,9 +256,9 @@ class Executor:
                 times = []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    self._inputs.feed(x)
+                    xn = self._inputs.feed(x)
                     if self._suspect is not None:
-                        self._suspect.one(x)
+                        self._suspect.one(xn)
                     top = (answer_top(c, p, logits if c.scope == "head" else None) if graph
                            else lean_top(c, logits))
                     if top is not None:  # _execute_one's lean answer, the set made when read

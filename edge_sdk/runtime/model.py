@@ -27,7 +27,7 @@ from edge_sdk.store.sources import SliceSource, open_slices
 from edge_sdk.errors import ConfigError
 from edge_sdk.runtime.explain import Explanation, decision_table
 from edge_sdk.inputs.stats import SuspectCheck
-from edge_sdk.inputs.checks import InputChecker
+from edge_sdk.inputs.photos import Sample, Samples, input_checker
 from edge_sdk.policy.plan import MODES, Stage
 from edge_sdk.policy.policy import Policy
 from edge_sdk.bundle.slices import read_verified
@@ -120,7 +120,7 @@ class EdgeModel(BatchExecutor, Residency):
         # the input check asks isinstance(x, np.ma.MaskedArray): numpy loads numpy.ma on that
         # first use (40-75 ms, measured), so load() imports it, not the first predict()
         import numpy.ma  # noqa: F401
-        self._inputs = InputChecker(self.manifest.input)
+        self._inputs = input_checker(self.manifest.input)  # photos too, with input.preprocess
         # every interpreter takes the raw sample and normalises it in its graph
         self._raw = RawInput(self._inputs.feed_dtype.name, self._inputs.scale_c,
                              self._inputs.shift_c)
@@ -187,11 +187,13 @@ class EdgeModel(BatchExecutor, Residency):
         first-use cost; empty for a files bundle (read and verified at load)."""
         return dict(getattr(self._slices, "materialize_ms", {}))
 
-    def predict(self, x: npt.ArrayLike, budget: Budget | None = None, *, config_id: str | None = None,
+    def predict(self, x: Sample, budget: Budget | None = None, *, config_id: str | None = None,
                 alpha: float | None = None, width: float | None = None) -> Prediction:
         """One sample of shape ``input.shape[1:]`` (NHWC without the batch axis; a grey model
-        also takes ``[H, W]``). ``budget``: an :class:`edge_sdk.Budget` for this call (None:
-        the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
+        also takes ``[H, W]``); a bundle that records its photo transform (``input.preprocess``)
+        also takes a photo: an image file's path, a Pillow image, or a uint8 array of any other
+        size (docs/runtime.md, Photos). ``budget``: an :class:`edge_sdk.Budget` for this call
+        (None: the model's). ``config_id`` pins a configuration (benchmarks, debugging) instead of
         letting the policy choose; its ``budget_met`` is still judged against the budget and
         strict mode still raises when it is predicted not to fit. ``width`` pins the width's
         point network and leaves its precision to the policy (the variant judged fastest).
@@ -204,7 +206,7 @@ class EdgeModel(BatchExecutor, Residency):
             config_id = self._width_config(width, config_id)
         xn = self._inputs.feed(x)
         chk = self._suspect
-        sus = None if chk is None else chk.one(x if type(x) is np.ndarray else np.asarray(x))
+        sus = None if chk is None else chk.one(xn)  # the checked raw values (a photo prepared)
         stages: tuple[Stage, ...] | None
         if config_id is not None:
             # the pinned one-stage plan, looked up inline; strict mode checks it
@@ -219,7 +221,7 @@ class EdgeModel(BatchExecutor, Residency):
             self._recorder.add((p,), budget)
         return p
 
-    def predict_batch(self, xs: npt.ArrayLike, budget: Budget | None = None, *,
+    def predict_batch(self, xs: Samples, budget: Budget | None = None, *,
                       config_id: str | None = None, alpha: float | None = None,
                       width: float | None = None) -> BatchPrediction:
         """``N`` samples ``[N, *input.shape[1:]]`` under one decision and one per-batch budget:
@@ -228,7 +230,8 @@ class EdgeModel(BatchExecutor, Residency):
         batch's wall time (``latency_ms``) and interpreter time (``invoke_ms``). Returns a
         :class:`BatchPrediction`: the predictions as a sequence, and ``labels``,
         ``confidence``, ``probs``, ``abstain``, ``ood_score``, ``in_distribution`` and
-        ``prediction_sets`` (an ``[N, C]`` boolean mask) as arrays; ``width``: see predict."""
+        ``prediction_sets`` (an ``[N, C]`` boolean mask) as arrays; ``width``: see predict.
+        A photo bundle also takes a sequence of samples and photos, each as predict takes it."""
         t0 = self._clock()
         budget = self._budget if budget is None else check_budget(budget)
         if alpha is not None:
@@ -237,7 +240,7 @@ class EdgeModel(BatchExecutor, Residency):
             config_id = self._width_config(width, config_id)
         xn = self._inputs.feed_batch(xs)
         n = len(xn)
-        sus = None if self._suspect is None else self._suspect.batch(np.asarray(xs))
+        sus = None if self._suspect is None else self._suspect.batch(xn)
         stages: tuple[Stage, ...]
         if config_id is not None:
             stages = (self._pinned(config_id, budget, n),)
@@ -306,8 +309,7 @@ class EdgeModel(BatchExecutor, Residency):
         return self._inputs.one(x, what)
 
     def _feed(self, x: npt.ArrayLike, what: str = "x") -> np.ndarray:
-        """One sample checked, ``[1, H, W, C]`` raw values: what the runtime's interpreters
-        take (tests)."""
+        """One sample checked: ``[1, H, W, C]`` raw values, what the interpreters take (tests)."""
         return self._inputs.feed(x, what)
 
     def _answer(self, c: Configuration, logits: np.ndarray, latency_ms: float,
@@ -317,8 +319,7 @@ class EdgeModel(BatchExecutor, Residency):
                       abstain_on_ood=self.abstain_on_ood)
 
     def _run(self, c: Configuration, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """[S, C] logits of one sample (``_feed``'s raw values) and the wall time of the
-        invokes (tests)."""
+        """[S, C] logits of one sample (``_feed``'s raw values) and the invokes' time (tests)."""
         interps, _ = self._resident(c, 1)
         return self._invoke(interps, x)
 

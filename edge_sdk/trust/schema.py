@@ -36,6 +36,7 @@ from typing import Any, Union
 from edge_sdk.bundle.configuration import Configuration
 from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.manifest import Manifest
+from edge_sdk.bundle.preprocess import Preprocess
 from edge_sdk.bundle.records import SCHEMA_VERSION, FileEntry, OutputSpec, Recipe, Slice, StoreEntry
 from edge_sdk.bundle.stats import InputStats
 from edge_sdk.trust.schema_check import check
@@ -50,7 +51,7 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = _CHECKOUT / "docs" / "manifest.schema.json" \
     if (_CHECKOUT / "pyproject.toml").is_file() else Path("manifest.schema.json")
 RECORDS: tuple[type, ...] = (Manifest, InputSpec, OutputSpec, FileEntry,
-                             Configuration, StoreEntry, Recipe, Slice, InputStats)
+                             Configuration, StoreEntry, Recipe, Slice, InputStats, Preprocess)
 
 def _type_schema(tp: Any) -> dict[str, Any]:
     """The schema of one annotation (the subset the bundle dataclasses use)."""
@@ -114,7 +115,8 @@ def _manifest_fields(cls: type) -> list[dataclasses.Field[Any]]:
 
 
 def _record_schema(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
+    # the records by name: a module may import the class of a field only where it parses it
+    hints = typing.get_type_hints(cls, localns={r.__name__: r for r in RECORDS})
     properties: dict[str, Any] = {}
     required: list[str] = []
     for f in _manifest_fields(cls):

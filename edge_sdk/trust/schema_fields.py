@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge_sdk.bundle.preprocess import INTERPOLATIONS
 from edge_sdk.bundle.records import (BUNDLE_LAYOUTS, INPUT_DTYPES, LAYOUTS, OUTPUT_KINDS,
                                      SCHEMA_VERSION, SCOPES, WEIGHT_ROUTES)
 
@@ -20,7 +21,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.schema_version": {
         "const": SCHEMA_VERSION, "required": True,
         "description": "The format version; a reader refuses any it does not know (read it "
-                       "first). edge_sdk also reads versions 5 (no input_stats), 4 (no uncertainty), 3, 2 (without layout, store, graphs "
+                       "first). edge_sdk also reads versions 8 (no input.preprocess), 7 (no "
+                       "cascade targets), 6 (no integer slices, no activation_quant), 5 (no "
+                       "input_stats), 4 (no uncertainty), 3, 2 (without layout, store, graphs "
                        "and materialize: layout files) and 1 (version 2 without batch_dim)."},
     "Manifest.layout": {
         "enum": list(BUNDLE_LAYOUTS),
@@ -102,6 +105,23 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
         "description": "Per channel (C values): model input = (raw - mean) / std."},
     "InputSpec.std": {"minItems": 1, "items": {"exclusiveMinimum": 0},
                       "description": "Per channel (C values), > 0."},
+    "InputSpec.preprocess": {
+        "description": "Schema version 9, optional (uint8 input only): a photo model's "
+                       "evaluation transform, which the runtime applies to image files and "
+                       "uint8 H x W x C arrays of any size. Absent: inputs come at shape."},
+    "Preprocess.resize": {
+        "minimum": 1,
+        "description": "The shorter side after resizing, pixels (the longer keeps the aspect "
+                       "ratio, int(resize * long / short)); at least the crop's larger side."},
+    "Preprocess.crop": {
+        "minItems": 2, "maxItems": 2, "items": {"minimum": 1},
+        "description": "[H, W] cut from the centre (top = round((h - H) / 2)): the input "
+                       "shape's H and W."},
+    "Preprocess.interpolation": {
+        "enum": list(INTERPOLATIONS),
+        "description": "The Pillow resampling filter of the resize."},
+    "Preprocess.exif": {
+        "description": "Image files are turned upright by their EXIF orientation tag first."},
     "OutputSpec.kind": {
         "enum": list(OUTPUT_KINDS),
         "description": "logits: the softmax is the reader's, at the configuration's "

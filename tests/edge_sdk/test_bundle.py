@@ -219,10 +219,12 @@ def test_missing_dir_and_manifest(tmp_path: Path) -> None:
 
 def test_unknown_schema_version(tmp_path: Path) -> None:
     data = manifest_dict()
-    data["schema_version"] = 9
+    data["schema_version"] = b.SCHEMA_VERSION + 1
     bundle = write_raw(tmp_path / "b", data)
-    with pytest.raises(BundleError,
-                       match=r"schema_version: unsupported schema version 9.*versions 1, 2, 3, 4, 5, 6, 7, 8"):
+    readable = ", ".join(map(str, range(1, b.SCHEMA_VERSION + 1)))
+    assert b.READABLE_VERSIONS == tuple(range(1, b.SCHEMA_VERSION + 1))
+    with pytest.raises(BundleError, match=f"schema_version: unsupported schema version "
+                                          f"{b.SCHEMA_VERSION + 1}.*versions {readable}"):
         b.read_manifest(bundle, verify=False)
 
 

@@ -86,7 +86,7 @@ def _set(path: str, value: Any):
 _DELETE = object()
 C0 = "configurations/0"
 BROKEN = {
-    "schema version 9": _set("schema_version", 9),
+    "an unknown schema version": _set("schema_version", b.SCHEMA_VERSION + 1),
     "no schema version": _set("schema_version", _DELETE),
     "unknown top-level key": _set("extra", 1),
     "no labels": _set("labels", []),

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import edge_sdk
-from edge_sdk.bundle import MANIFEST_NAME, read_manifest
+from edge_sdk.bundle import MANIFEST_NAME, SCHEMA_VERSION, read_manifest
 from edge_sdk.errors import BundleError, ConfigError
 from edge_sdk.policy.budget import MemoryProbe
 from edge_sdk.policy.policy import Policy
@@ -35,7 +35,7 @@ def xs(model):
 
 def test_every_width_has_its_point_slice_in_three_precisions(precision_bundle, model):
     m = model.manifest
-    assert m.schema_version == 8 and m.is_store
+    assert m.schema_version == SCHEMA_VERSION and m.is_store  # what the exporter writes
     by_width: dict[float, set[str]] = {}
     for c in m.configurations:
         by_width.setdefault(c.width, set()).add(c.precision)

@@ -24,9 +24,13 @@ def list_models() -> list[str]:
 
 def create_model(name: str, **kwargs) -> NestedModel:
     """Build a registered model, or ``module:factory``'s network nested by ``trainer.nest``
-    (:mod:`trainer.models.factory`); the name and arguments are recorded in ``model.arch``."""
+    (:mod:`trainer.models.factory`); the name and arguments are recorded in ``model.arch``.
+
+    ``weights`` (``model.weights``): a plain state dict loaded before nesting
+    (:mod:`trainer.models.pretrained`); not recorded: the checkpoint holds the result."""
+    weights = kwargs.pop("weights", None)
     if is_factory_path(name):
-        model = create_from_factory(name, kwargs)
+        model = create_from_factory(name, kwargs, weights)
         model.arch = {"name": name, "kwargs": dict(kwargs)}
         return model
     if name not in _REGISTRY:
@@ -34,6 +38,15 @@ def create_model(name: str, **kwargs) -> NestedModel:
                           "; or a 'module:factory' path returning a plain nn.Module")
     fn = _REGISTRY[name]
     allowed = inspect.signature(fn).parameters
+    if weights is not None:
+        if "weights" not in allowed:
+            raise ConfigError(f"model.weights: {name!r} is built nested, so there is no plain "
+                              "network to load a state dict into; use a model built by nest() "
+                              "(mobilenet_v2, resnet20_cifar, nested_allconv) or a "
+                              "module:factory returning the plain network")
+        model = fn(**kwargs, weights=weights)
+        model.arch = {"name": name, "kwargs": dict(kwargs)}
+        return model
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ConfigError(f"model {name!r} got unknown argument(s) {unknown}; "

@@ -50,7 +50,7 @@ def load_factory(path: str):
     return fn
 
 
-def create_from_factory(path: str, kwargs: dict):
+def create_from_factory(path: str, kwargs: dict, weights: str | None = None):
     from torch import nn
 
     from trainer.nesting import nest
@@ -94,6 +94,10 @@ def create_from_factory(path: str, kwargs: dict):
         _replace_stem(net, channels, path)
     if "input_size" in data:
         _check_forward(net, channels, data["input_size"], path)
+    if weights is not None:  # model.weights: into the plain network, before nesting
+        from trainer.models.pretrained import load_plain_weights
+
+        load_plain_weights(net, weights, log=print)
     return nest(net, **nest_kw)
 
 
