@@ -67,6 +67,10 @@ def peak_of(folder: Path, args, work: Path) -> tuple[float, float, int]:
             peak = max(peak, pss(ps))
             samples += 1
             time.sleep(0.5)
+            if args.max_seconds and time.perf_counter() - t0 > args.max_seconds:
+                proc.terminate()  # the same span of both runs: load, the first steps
+                proc.wait()
+                return peak / 1e9, time.perf_counter() - t0, samples
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): see {log.name}")
     return peak / 1e9, time.perf_counter() - t0, samples
@@ -81,6 +85,8 @@ def main() -> None:
     p.add_argument("--times", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--set", action="append", default=[], help="config override")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop each run after this long (the peak of the same span of both)")
     args = p.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -39,10 +39,17 @@ def open_image(path: PathLike, channels: int = 3, exif: bool = True) -> Image.Im
     turned upright by its EXIF orientation when ``exif``; InputError naming the file when it
     is not a readable image."""
     Image, ImageOps = _pil()
+    mode = "L" if channels == 1 else "RGB"
     try:
         with Image.open(path) as opened:
-            img = ImageOps.exif_transpose(opened) if exif else opened
-            out: PILImage = img.convert("L" if channels == 1 else "RGB")  # loads the pixels
+            img: PILImage = opened
+            # exif_transpose copies even an upright photo: called only when the tag says turn
+            if exif and opened.getexif().get(0x0112, 1) not in (None, 1):
+                img = ImageOps.exif_transpose(opened)
+            if img.mode == mode:  # convert() would copy the decoded pixels once more
+                img.load()
+                return img
+            out: PILImage = img.convert(mode)  # loads the pixels
             return out
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise InputError(f"{os.fspath(path)} is not a readable image ({e})") from None
