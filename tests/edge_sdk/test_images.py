@@ -33,7 +33,10 @@ def photo(h: int, w: int, seed: int = 0, channels: int = 3) -> np.ndarray:
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_prepare_is_torchvisions_resize_and_centre_crop_bit_for_bit(size):
-    tv = pytest.importorskip("torchvision.transforms")
+    try:  # the device-side run (EDGE_SDK_BLOCK_TORCH=1) blocks it with an ImportError
+        import torchvision.transforms as tv
+    except ImportError as e:
+        pytest.skip(f"torchvision not importable here: {e}")
     a = photo(*size)
     img = Image.fromarray(a)
     for pre in TRANSFORMS:
