@@ -29,7 +29,7 @@ from edge_sdk.bundle import InputSpec  # the one input spec (manifest, checkpoin
 from edge_sdk.errors import ConfigError, DataError
 
 from .config import DataConfig, validate
-from .folders import FolderDataset
+from .folders import FolderDataset, decode_eval, load_folder, ood_folder
 from .sources import _read_npz_images, _read_source
 
 __all__ = [
@@ -177,8 +177,6 @@ def in_memory(ds: ArrayDataset | FolderDataset) -> ArrayDataset:
     take a :func:`calibration_subset` of a large folder instead)."""
     if isinstance(ds, ArrayDataset):
         return ds
-    from .folders import decode_eval
-
     raw = decode_eval(ds.paths, ds.spec.preprocess, ds.spec.channels)
     return ArrayDataset.from_raw(raw, ds.y.numpy(), ds.spec)
 
@@ -287,6 +285,21 @@ def _resolve_augment(augment: str, spec: InputSpec) -> str:
     return augment
 
 
+def _carried_spec(found: InputSpec, spec: InputSpec | None, source: str, split_seed: int) -> InputSpec:
+    """``found`` (the data's own spec), or the checkpoint's ``spec`` once the data match it."""
+    if spec is None:
+        return found
+    if not isinstance(spec, InputSpec) or spec.classes is None:
+        raise TypeError("load_data(spec=...) expects the InputSpec a checkpoint carries "
+                        f"(with classes), got {spec!r}")
+    spec.check_matches(
+        found, mine="the checkpoint has", theirs="the data give",
+        what=f"data source {source!r} (split seed {split_seed}) no longer matches the "
+             "input spec the checkpoint was trained with; the data changed since training "
+             "(restore them or retrain)")
+    return spec
+
+
 # --------------------------------------------------------------------------- public loaders
 
 
@@ -306,8 +319,6 @@ def load_data(cfg: DataConfig, spec: InputSpec | None = None) -> DataSplits:
         raise TypeError(f"load_data expects a DataConfig, got {type(cfg).__name__}")
     cfg = validate(cfg, "data")  # unknown source / missing image_size -> ConfigError naming the key
     if cfg.source.startswith("imagefolder:"):  # photos: streamed (trainer.folders)
-        from .folders import load_folder
-
         return load_folder(cfg, spec)
     raw = _read_source(cfg.source, cfg.root, cfg.download)
     if raw.x_train.shape[0] == 0:
@@ -342,17 +353,7 @@ def load_data(cfg: DataConfig, spec: InputSpec | None = None) -> DataSplits:
         std=std,
         classes=raw.classes,
     )
-    if spec is None:
-        spec = found
-    else:
-        if not isinstance(spec, InputSpec) or spec.classes is None:
-            raise TypeError("load_data(spec=...) expects the InputSpec a checkpoint carries "
-                            f"(with classes), got {spec!r}")
-        spec.check_matches(
-            found, mine="the checkpoint has", theirs="the data give",
-            what=f"data source {cfg.source!r} (split seed {cfg.split_seed}) no longer matches the "
-                 "input spec the checkpoint was trained with; the data changed since training "
-                 "(restore them or retrain)")
+    spec = _carried_spec(found, spec, cfg.source, cfg.split_seed)
     return DataSplits(
         train=ArrayDataset.from_raw(x_train, y_train, spec, _resolve_augment(cfg.augment, spec)),
         val=ArrayDataset.from_raw(x_val, y_val, spec),
@@ -384,8 +385,6 @@ def load_ood(
     if source.startswith("npz:") and len(source) > 4:
         x, y = _read_npz_images(source[4:], labels)
     elif source.startswith("imagefolder:") and len(source) > 12:
-        from .folders import ood_folder
-
         x, y = ood_folder(source, spec)  # by the spec's own evaluation transform
     else:
         raw = _read_source(source, root, download)

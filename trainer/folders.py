@@ -32,7 +32,7 @@ import torch
 from edge_sdk.bundle import InputSpec
 from edge_sdk.bundle.preprocess import Preprocess
 from edge_sdk.errors import DataError
-from edge_sdk.inputs.images import open_image, prepare
+from edge_sdk.inputs.images import centre, open_image, prepare
 
 # torchvision's IMG_EXTENSIONS: what ImageFolder would list
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -140,10 +140,8 @@ class FolderDataset(torch.utils.data.Dataset):
         pre, channels = self.spec.preprocess, self.spec.channels
         if self.cache is not None:  # the photo already resized to pre.resize (shorter side)
             a = self.cache.photo(index)
-            if self.augment == "none":  # resize_centre's crop of the same resized pixels
-                (ch, cw), (h, w) = pre.crop, a.shape[:2]
-                top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
-                return np.array(a[top:top + ch, left:left + cw])
+            if self.augment == "none":  # the evaluation's crop of the same resized pixels
+                return np.array(centre(a, pre))
             t = self._train_transform()(torch.from_numpy(np.array(a)).permute(2, 0, 1))
             return t.permute(1, 2, 0).numpy()
         path = self.paths[index].decode()
@@ -167,23 +165,11 @@ class FolderDataset(torch.utils.data.Dataset):
 # --------------------------------------------------------------------------- splits
 
 
-def _check_spec(found: InputSpec, spec: InputSpec | None, source: str, split_seed: int) -> InputSpec:
-    if spec is None:
-        return found
-    if not isinstance(spec, InputSpec) or spec.classes is None:
-        raise TypeError(f"load_data(spec=...) expects the InputSpec a checkpoint carries (with "
-                        f"classes), got {spec!r}")
-    spec.check_matches(found, mine="the checkpoint has", theirs="the data give",
-                       what=f"data source {source!r} (split seed {split_seed}) no longer matches "
-                            "the input spec the checkpoint was trained with; the data changed "
-                            "since training (restore them or retrain)")
-    return spec
-
-
 def load_folder(cfg, spec: InputSpec | None = None):
     """:func:`trainer.data.load_data` for ``imagefolder:<root>``: the training split streamed
     (:class:`FolderDataset`), validation and test decoded once by the evaluation transform."""
-    from trainer.data import ArrayDataset, DataSplits, _channel_stats, _stratified_split
+    from trainer.data import (ArrayDataset, DataSplits, _carried_spec, _channel_stats,
+                              _stratified_split)
 
     root = Path(os.path.expanduser(cfg.source[len("imagefolder:"):]))
     if not root.is_dir():
@@ -223,7 +209,7 @@ def load_folder(cfg, spec: InputSpec | None = None):
         mean, std = _channel_stats(decode_eval(paths[pick], pre, channels), (0.0, 255.0))
     found = InputSpec(shape=(1, *pre.crop, channels), dtype="uint8", value_range=(0.0, 255.0),
                       mean=mean, std=std, classes=classes, preprocess=pre)
-    spec = _check_spec(found, spec, cfg.source, cfg.split_seed)
+    spec = _carried_spec(found, spec, cfg.source, cfg.split_seed)
     augment = {"auto": "random_resized_crop"}.get(cfg.augment, cfg.augment)
     if augment not in ("random_resized_crop", "none"):
         raise DataError(f"data.augment {cfg.augment!r} is a recipe for in-memory 32 px images; "

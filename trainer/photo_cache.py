@@ -8,8 +8,8 @@ the same two cores the streamed loader fed 0.61x the images per second of in-mem
 tensor (0.23 ms).
 
 What is stored: every photo with its shorter side resized to the evaluation transform's
-``resize`` (aspect kept, nothing cropped; the same Pillow resize as
-:func:`edge_sdk.inputs.images.resize_centre`), concatenated as raw uint8 ``H x W x C`` in one
+``resize`` (aspect kept, nothing cropped; :func:`edge_sdk.inputs.images.resize_shorter`, the
+evaluation's own first step), concatenated as raw uint8 ``H x W x C`` in one
 file; an index (offset, height, width per photo) beside it. Random crops then come from the
 resized photo rather than the original (at 128 px from a 146-px shorter side): a crop of a
 quarter of the area is upsampled ~1.75x, not downsampled ~1.6x.
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.bundle.preprocess import Preprocess
-from edge_sdk.inputs.images import open_image
+from edge_sdk.inputs.images import open_image, resize_shorter
 
 DEFAULT_DIR = "~/.cache/edge-sdk/photos"
 
@@ -43,15 +43,7 @@ def _key(paths: np.ndarray, pre: Preprocess, channels: int) -> str:
 
 
 def _resized(path: bytes, pre: Preprocess, channels: int) -> np.ndarray:
-    from PIL import Image
-
-    img = open_image(path.decode(), channels, pre.exif)
-    w, h = img.size
-    s = pre.resize
-    size = (s, int(s * h / w)) if w <= h else (int(s * w / h), s)  # as resize_centre
-    if size != (w, h):
-        img = img.resize(size, getattr(Image.Resampling, pre.interpolation.upper()))
-    a = np.asarray(img, np.uint8)
+    a = np.asarray(resize_shorter(open_image(path.decode(), channels, pre.exif), pre), np.uint8)
     return a[..., None] if a.ndim == 2 else a
 
 

@@ -70,20 +70,32 @@ def from_array(x: Any, channels: int = 3) -> Image.Image:
     return img.convert("L" if channels == 1 else "RGB")
 
 
-def resize_centre(img: Image.Image, pre: Preprocess) -> npt.NDArray[np.uint8]:
-    """Shorter side -> ``pre.resize`` (aspect kept), centre ``pre.crop``: ``H x W x C`` uint8."""
+def resize_shorter(img: Image.Image, pre: Preprocess) -> Image.Image:
+    """Shorter side -> ``pre.resize``, aspect kept (the long side truncated: torchvision's
+    ``Resize(int)``); the image itself when it has that size already."""
     Image, _ = _pil()
     w, h = img.size
     short, long = (w, h) if w <= h else (h, w)
-    size = pre.resize
-    new_long = int(size * long / short)  # torchvision's Resize(int): the long side truncated
-    new_w, new_h = (size, new_long) if w <= h else (new_long, size)
-    if (new_w, new_h) != (w, h):
-        img = img.resize((new_w, new_h), getattr(Image.Resampling, pre.interpolation.upper()))
-    ch, cw = pre.crop
-    top, left = int(round((new_h - ch) / 2.0)), int(round((new_w - cw) / 2.0))
-    out = np.asarray(img.crop((left, top, left + cw, top + ch)), dtype=np.uint8)
+    new_long = int(pre.resize * long / short)
+    size = (pre.resize, new_long) if w <= h else (new_long, pre.resize)
+    if size == (w, h):
+        return img
+    out: PILImage = img.resize(size, getattr(Image.Resampling, pre.interpolation.upper()))
+    return out
+
+
+def centre(a: npt.NDArray[np.uint8], pre: Preprocess) -> npt.NDArray[np.uint8]:
+    """The centre ``pre.crop`` of an ``H x W (x C)`` array (torchvision's ``CenterCrop``
+    offsets), ``H x W x C``."""
+    (ch, cw), (h, w) = pre.crop, a.shape[:2]
+    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+    out = a[top:top + ch, left:left + cw]
     return out[..., None] if out.ndim == 2 else out
+
+
+def resize_centre(img: Image.Image, pre: Preprocess) -> npt.NDArray[np.uint8]:
+    """Shorter side -> ``pre.resize`` (aspect kept), centre ``pre.crop``: ``H x W x C`` uint8."""
+    return np.ascontiguousarray(centre(np.asarray(resize_shorter(img, pre), dtype=np.uint8), pre))
 
 
 def prepare(x: Any, pre: Preprocess, channels: int = 3) -> npt.NDArray[np.uint8]:
