@@ -415,7 +415,8 @@ def main() -> None:
                                               "latency,batch,switch,trace,cascade")
     p.add_argument("--only", default="", help="comma-separated sections to run instead "
                    "(also: sdk, the SDK's own time per call with the uncertainty fields off "
-                   "and on, pinned and policy-chosen, which no default run includes)")
+                   "and on, pinned and policy-chosen, which no default run includes; "
+                   "monitor, what the device rules add to a call: benchmarks/monitor_cost.py)")
     p.add_argument("--sdk-calls", type=int, default=10000, help="calls per configuration "
                    "and variant in the sdk section (medians)")
     p.add_argument("--config", action="append", default=None, metavar="ID",
@@ -424,7 +425,15 @@ def main() -> None:
                    "--no-uncertainty and --other, a model to interleave: the loop section "
                    "(benchmarks/app_loop.py, --only loop)")
     p.add_argument("--other", default=None)
+    p.add_argument("--rounds", type=int, default=9, help="alternated rounds (--only monitor)")
     args = p.parse_args()
+    if args.only == "monitor":  # what the device rules add to a call
+        from edge_sdk.cli.device import bench_input
+        from monitor_cost import monitor_table
+
+        spec = edge_sdk.load(args.bundle, threads=1).input_spec
+        monitor_table(args.bundle, bench_input(spec), args.rounds, args.sdk_calls)
+        return
     if args.only == "loop":  # what an app's loop pays for the answer's fields
         from app_loop import loop_table
 

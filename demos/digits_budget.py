@@ -7,26 +7,26 @@
 3. export widths 0.25 ... 1.0 as TFLite point slices + manifest (the sampled scopes, ``head``
    and ``all``, add nothing measurable on this recipe: ``edge-sdk export --scope`` still makes
    them for an app that wants them);
-4. load the bundle with the torch-free runtime and replay a changing budget: the latency budget
-   drops (battery saver), drops further (a second model shares the CPU), recovers, then memory
-   is squeezed (``Budget(memory_mb=...)``), and finally the confidence cascade runs;
-5. print what was chosen per phase and write ``trace.json``, a Markdown report and its figures;
-   then ``summary.md``: the README's demo section, generated from ``trace.json`` alone
-   (:func:`summary_markdown`; ``--summary-of TRACE`` prints it again for an existing trace).
+4. load the bundle with the torch-free runtime and its device rules and replay a changing
+   device (:func:`device_phases`): a battery drain and a thermal throttle (injected readings:
+   the one place outside the unit tests where readings are simulated, and every table says
+   so), real CPU contention (a busy process pinned to the model's core), memory pressure
+   (injected), the device recovered (the control), the confidence cascade; then a latency
+   budget no configuration can meet, on a ``strict=True`` model that refuses every call;
+5. print what answered per phase and what drove it, and write ``trace.json``, a Markdown
+   report and its figures; then ``summary.md``: the README's demo section, generated from
+   ``trace.json`` alone (:func:`summary_markdown`; ``--summary-of TRACE`` prints it again).
 
-Budgets are set from the latencies this process measures for each configuration in a short
-warm-up, so every phase means the same thing on a fast laptop and a slow CI runner: each
-latency budget is one the configuration the policy picks under it met on >= 99 % of its
-warm-up calls (at 98 % the tightest phase met its budget on 94.3-95.7 % of replayed
-calls in three runs on this host, whose speed drifts between the warm-up and the replay); a
-budget no configuration can meet is its own phase, on a ``strict=True`` model that refuses
-every call with ``BudgetNotMetError``.
+The contention target is set from the latencies this process measures in a warm-up, so the
+phase means the same on a fast laptop and a slow CI runner. A phase the platform cannot run (no
+``os.sched_setaffinity``: no pinned contention) is skipped with one line saying why.
 Wall time on this 2-core machine, installed: 38-48 s for ``make demo`` (five runs
 in one session), 24 s with ``--quick``; each run's ``summary.md`` states its own and the load.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -37,7 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from demos.summary import phase_table, refusal_line, summary_markdown, write_summary
+from demos.device_phases import (BATTERY_PT, CONTENTION_X, KEEP_FREE_MB, QUANTILE,
+                                 TARGET_X_P95, SimulatedDevice, Unsupported, device_phases,
+                                 heat_within_pt, shared_core)
+from demos.summary import phase_table, refusal_line, skipped_line, summary_markdown, write_summary
 
 QUICK = {  # CI: the same pipeline with every stage cut to seconds
     "train": ["train.epochs=3", "train.eval_every=100", "data.calib_samples=128"],
@@ -61,112 +64,143 @@ def _quantile(v: list[float], q: float) -> float:
     return float(np.quantile(np.asarray(v), q))
 
 
-def latency_budgets(model, samples: dict[str, list[float]], met: float = 0.99
-                    ) -> tuple[float | None, float | None, float]:
-    """(battery saver, CPU shared, below every configuration) latency budgets in ms, chosen
-    from the end-to-end latencies ``samples`` this process measured per configuration in the
-    warm-up, so each phase's budget is one the policy can meet.
-
-    A budget ``B`` is *met-able* when the configuration the policy would pick under it (the
-    best-ranked whose predicted latency fits) ran within ``B`` on at least ``met`` of its
-    warm-up calls. Candidates are each configuration's 90th, 97th and 99th percentiles times
-    1, 1.1, 1.25 and 1.5; "CPU
-    shared" is the tightest met-able one, "battery saver" the tightest met-able one whose pick
-    is wider than CPU shared's and narrower than the unconstrained choice (None when there is
-    no such budget: then it gets CPU shared's). The third figure is half the
-    fastest configuration's median: no configuration can meet it, the strict-mode phase."""
-    import edge_sdk
-
-    pol = model.policy
-    order = pol.candidates  # what may answer, each network once (its fastest precision)
-    pred = {c.id: pol.predicted_latency_ms(c) for c in order}
-
-    def pick(b: float):
-        return next((c for c in order if pred[c.id] <= b), None)
-
-    cands = sorted({f * _quantile(v, q) for v in samples.values() for q in (0.9, 0.97, 0.99)
-                    for f in (1.0, 1.1, 1.25, 1.5)})
-    ok = []
-    for b in cands:
-        c = pick(b)
-        if c is not None and np.mean(np.asarray(samples[c.id]) <= b) >= met:
-            ok.append((b, c))
-    best, _ = pol.choose(edge_sdk.Budget())
-    rank = {c.id: i for i, c in enumerate(order)}
-    shared = ok[0] if ok else None
-    saver = next((b for b, c in ok if shared is not None and rank[c.id] < rank[shared[1].id]
-                  and rank[c.id] > rank[best.id]), None)
-    floor = 0.5 * min(_quantile(v, 0.5) for v in samples.values())
-    return saver, None if shared is None else shared[0], floor
-
-
-def phases(model, samples: dict[str, list[float]] | None = None
-           ) -> list[tuple[str, object, str]]:
-    """(name, Budget, policy) per phase. Latency budgets come from what this process measured
-    per configuration in the warm-up (``samples``: end-to-end ms per configuration id;
-    :func:`latency_budgets`); the memory squeeze from the manifest's memory figures."""
-    import edge_sdk
-
-    pol = model.policy
-    configs = model.manifest.configurations
-    if samples is None:  # one prediction per configuration: what the policy believes now
-        samples = {c.id: [pol.predicted_latency_ms(c)] for c in configs}
-    need = {c.id: pol.memory_need_mb(c) for c in configs}
-    # a point network's need: its most demanding precision variant's (whichever of them the
-    # policy answers with when the squeeze runs fits the squeeze)
-    net: dict = {}
-    for c in configs:
-        if c.scope == "point":
-            net[c.variant_of] = max(net.get(c.variant_of, 0.0), need[c.id])
-    points = sorted(net.values())
-    saver, shared, _ = latency_budgets(model, samples)
-    if shared is None:  # nothing met-able (never seen): the slowest configuration's p99
-        shared = max(_quantile(v, 0.99) for v in samples.values())
-    saver = shared if saver is None else saver
-    return [
-        ("unconstrained", edge_sdk.Budget(), "best"),
-        ("battery saver", edge_sdk.Budget(latency_ms=saver), "best"),
-        ("CPU shared", edge_sdk.Budget(latency_ms=shared), "best"),
-        ("recovered", edge_sdk.Budget(), "best"),
-        ("memory squeeze", edge_sdk.Budget(memory_mb=points[len(points) // 2]), "best"),
-        ("cascade", edge_sdk.Budget(), "cascade"),
-    ]
-
-
+# --------------------------------------------------------------------------- the replay
 STRICT_PHASE = "below every configuration (strict)"
+WARM_CALLS = 200  # per configuration; the first 20 of each are not measured
+
+
+def _warm(model, xs: np.ndarray, samples: dict | None = None) -> None:
+    for c in model.manifest.configurations:
+        for k in range(WARM_CALLS):
+            pr = model.predict(xs[k % len(xs)], config_id=c.id)
+            if samples is not None and k >= 20:
+                samples.setdefault(c.id, []).append(pr.latency_ms)
+
+
+def _macs(c, stages=None) -> int:
+    """The MACs of a call answered by ``c``: its own; in a cascade (``stages``), every stage's
+    up to the one that answered."""
+    if stages is None:
+        return int(c.macs) * int(c.invokes)
+    ids = [s.config.id for s in stages]
+    ran = stages[:ids.index(c.id) + 1] if c.id in ids else stages
+    return sum(int(s.config.macs) * int(s.config.invokes) for s in ran)
+
+
+# after the contention phase, calls until its rule lets go (a quiet core is told from a contended
+# one only by going ~10 of the other task's slices without a stall: ~1-3 k digits calls)
+ENDING_MAX_CALLS = 50_000
+
+
+def _models(bundle: Path, xs: np.ndarray, threads: int, device: SimulatedDevice,
+            heat_pt: float) -> tuple[dict, dict]:
+    """The replay's models, warmed up: ``device`` with every rule (the simulated device's
+    readings, and UnderContention with its target set from a warm-up of every configuration in
+    this process: ``TARGET_X_P95`` x the full width's p95), ``cascade``; and the settings."""
+    import edge_sdk
+
+    probe = edge_sdk.load(bundle, threads=threads)
+    samples: dict[str, list[float]] = {}
+    _warm(probe, xs, samples)  # every configuration measured in this process
+    full = probe.policy.candidates[0]  # what answers unconstrained: the full width
+    p95 = _quantile(samples[full.id], 0.95)
+    target = TARGET_X_P95 * p95
+    models = {"cascade": edge_sdk.load(bundle, threads=threads, policy="cascade"),
+              "device": edge_sdk.load(bundle, threads=threads, readers=device.readers(), rules=[
+                  edge_sdk.OnBattery(below_percent=30, within_pt=BATTERY_PT),
+                  edge_sdk.WhenHot(above_c=80, clock_below=0.8, within_pt=heat_pt),
+                  edge_sdk.UnderMemoryPressure(below_mb=512, keep_free_mb=KEEP_FREE_MB),
+                  edge_sdk.UnderContention(latency_ms=target, quantile=QUANTILE)])}
+    _warm(models["device"], xs)
+    _warm(models["cascade"], xs)
+    models["contention"] = models["device"]  # one model: every rule stated once
+    floor = 0.5 * min(_quantile(v, 0.5) for v in samples.values())
+    return models, {"full": full.id, "p95_ms": p95, "target_ms": target, "quantile": QUANTILE,
+                    "slower_than": 1.5, "heat_pt": heat_pt, "battery_pt": BATTERY_PT,
+                    "keep_free_mb": KEEP_FREE_MB, "floor_ms": floor,
+                    "contention_x": CONTENTION_X}
 
 
 def replay(bundle: Path, xs: np.ndarray, ys: np.ndarray, calls: int, threads: int = 1,
-           refusals: list | None = None) -> list[dict]:
-    """Every phase answers ``calls`` test samples; one record per call (the report's format).
-    Then the strict-mode phase: a budget no configuration can meet, on a ``strict=True`` model,
-    whose every call is refused with :class:`BudgetNotMetError`; its summary is appended to
-    ``refusals`` (when given), never to the records (nothing was answered)."""
+           refusals: list | None = None, skipped: list | None = None,
+           phases: list | None = None, setup: dict | None = None) -> list[dict]:
+    """Every phase of :func:`device_phases` answers ``calls`` test samples (the contention
+    phase ``CONTENTION_X`` times as many); one record per call (the report's format, plus the
+    target, the engaged rules with their readings, whether those were simulated, the MACs
+    run). When given, ``phases`` gets per phase what drove it, from which call its rule engaged
+    and what it decided; ``skipped`` the phases the platform cannot run (one line each, also
+    printed); ``setup`` the rules' settings; ``refusals`` the strict-mode phase (a budget no
+    configuration can meet, every call refused with :class:`BudgetNotMetError`: never a
+    record, nothing was answered)."""
+    import edge_sdk
+    from edge_sdk.bundle import read_manifest
+
+    device, configs = SimulatedDevice(), read_manifest(bundle).configurations
+    models, settings = _models(bundle, xs, threads, device, heat_within_pt(configs))
+    if setup is not None:
+        setup.update(settings)
+    by_id = {c.id: c for c in configs}
+    monitor = models["device"]._monitor  # poll(): a new reading is seen by the next call
+    records: list[dict] = []
+    for ph in device_phases(settings["heat_pt"], settings["target_ms"]):
+        m, n, engaged_at, effect = models[ph.model], calls * ph.calls_x, None, None
+        try:
+            with shared_core() if ph.contention else contextlib.nullcontext() as core:
+                drive = (ph.start(device, models["device"]) if ph.start else "") or ph.drive
+                if core is not None:
+                    drive = drive.replace("model's core", f"model's core (CPU {core})")
+                monitor.poll()  # the phase's first readings, seen by its first call
+                stages = m.policy.preview(edge_sdk.Budget()).stages \
+                    if ph.model == "cascade" else None
+                for i in range(n):
+                    if ph.step is not None and ph.step(device, i / max(n - 1, 1)):
+                        monitor.poll()
+                    j = (len(records) + i) % len(xs)
+                    pr = m.predict(xs[j])
+                    rules = m.engaged_rules
+                    if ph.rule in rules:
+                        engaged_at = i if engaged_at is None else engaged_at
+                        effect = m.policy.rules.effects.get(ph.rule, effect)
+                    records.append({
+                        "step": len(records), "phase": ph.name, "budget_latency_ms": None,
+                        "budget_memory_mb": None, "target_ms":
+                            settings["target_ms"] if ph.model == "contention" else None,
+                        "config_id": pr.config_id, "width": pr.width, "samples": pr.samples,
+                        "macs": _macs(by_id[pr.config_id], stages),
+                        "latency_ms": pr.latency_ms, "invoke_ms": pr.invoke_ms,
+                        "budget_met": pr.budget_met, "correct": bool(pr.label == ys[j]),
+                        "confidence": pr.confidence, "abstain": pr.abstain, "rules": rules,
+                        "simulated": any("(simulated)" in v for v in rules.values())})
+            if ph.contention:  # the busy process has ended: how long until the rule lets go
+                after = 0
+                while ph.rule in m.engaged_rules and after < ENDING_MAX_CALLS:
+                    m.predict(xs[after % len(xs)])
+                    after += 1
+                drive += (f"; after the busy process ended, the rule let go within {after} "
+                          f"calls (not in the table)" if ph.rule not in m.engaged_rules else
+                          f"; still engaged {after} calls after the busy process ended")
+        except Unsupported as e:
+            print(skipped_line({"phase": ph.name, "why": str(e)}))
+            if skipped is not None:
+                skipped.append({"phase": ph.name, "why": str(e)})
+            continue
+        if phases is not None:
+            phases.append({"phase": ph.name, "drive": drive, "rule": ph.rule,
+                           "simulated": ph.simulated, "calls": n, "engaged_at": engaged_at,
+                           "effect": effect})
+    models["device"].close()
+    refused = _strict(bundle, xs, threads, calls, settings["floor_ms"])
+    if refusals is not None:
+        refusals.append(refused)
+    return records
+
+
+def _strict(bundle: Path, xs: np.ndarray, threads: int, calls: int, floor: float) -> dict:
+    """The strict-mode phase: half the fastest configuration's median as the latency budget,
+    which no configuration can meet, on a ``strict=True`` model."""
     import edge_sdk
     from edge_sdk.errors import BudgetNotMetError
 
-    models = {p: edge_sdk.load(bundle, threads=threads, policy=p) for p in ("best", "cascade")}
-    samples: dict[str, list[float]] = {}
-    for m in models.values():  # warm-up: every configuration measured in this process
-        for c in m.manifest.configurations:
-            for k in range(200):
-                pr = m.predict(xs[k % len(xs)], config_id=c.id)
-                if m is models["best"] and k >= 20:
-                    samples.setdefault(c.id, []).append(pr.latency_ms)
-    records, step = [], 0
-    for name, budget, policy in phases(models["best"], samples):
-        for i in range(calls):
-            j = (step + i) % len(xs)
-            pr = models[policy].predict(xs[j], budget)
-            records.append({
-                "step": step + i, "phase": name, "budget_latency_ms": budget.latency_ms,
-                "budget_memory_mb": budget.memory_mb, "config_id": pr.config_id,
-                "width": pr.width, "samples": pr.samples, "latency_ms": pr.latency_ms,
-                "invoke_ms": pr.invoke_ms, "budget_met": pr.budget_met,
-                "correct": bool(pr.label == ys[j]),
-                "confidence": pr.confidence, "abstain": pr.abstain})
-        step += calls
-    floor = latency_budgets(models["best"], samples)[2]
     strict = edge_sdk.load(bundle, threads=threads, strict=True)
     for c in strict.manifest.configurations:
         strict.warm_up(config_ids=[c.id])
@@ -180,10 +214,8 @@ def replay(bundle: Path, xs: np.ndarray, ys: np.ndarray, calls: int, threads: in
         except BudgetNotMetError as e:
             refused += 1
             message = message or str(e)
-    if refusals is not None:
-        refusals.append({"phase": STRICT_PHASE, "budget_latency_ms": floor, "calls": calls,
-                         "refused": refused, "answered": answered, "message": message})
-    return records
+    return {"phase": STRICT_PHASE, "budget_latency_ms": floor, "calls": calls,
+            "refused": refused, "answered": answered, "message": message}
 
 
 def command_line(out: Path, method: str, quick: bool, epochs: int | None, samples: int,
@@ -276,15 +308,16 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
         samples=samples, scopes=("point",), force=True, max_eval=max_eval), **quiet)
     stages["export"] = _done(t0)
 
-    t0 = _stage("4/5 replay a changing budget with the torch-free runtime")
+    t0 = _stage("4/5 replay a changing device with the torch-free runtime and its device rules")
     data = load_data(cfg.data)
     test = data.test
     xs, ys = test.raw, test.y.numpy()  # raw: NHWC numpy, what an app would pass
     refusals: list[dict] = []
-    records = replay(bundle, xs, ys, calls, refusals=refusals)
+    replayed = {"phases": [], "skipped": [], "setup": {}}
+    records = replay(bundle, xs, ys, calls, refusals=refusals, **replayed)
     trace = out / "trace.json"
-    trace.write_text(json.dumps({"records": records, "refusals": refusals}))
-    print(phase_table(records))
+    trace.write_text(json.dumps({"records": records, "refusals": refusals, **replayed}))
+    print(phase_table(records, replayed["phases"]))
     for r in refusals:
         print(refusal_line(r))
     stages["replay"] = _done(t0)
@@ -306,7 +339,8 @@ def run(out: Path, method: str = "pwfn", quick: bool = False, epochs: int | None
         "bundle": _shown(bundle), "trace": _shown(trace),
         "figure": _shown(report.parent / "trace.png"),
         "configurations": _configurations(manifest)}
-    trace.write_text(json.dumps({"records": records, "refusals": refusals, "run": run_info}))
+    trace.write_text(json.dumps({"records": records, "refusals": refusals, **replayed,
+                                 "run": run_info}))
     summary = write_summary(trace)
     paths = {"checkpoint": Path(ckpt), "bundle": Path(bundle), "trace": trace, "report": report,
              "summary": summary}
@@ -329,7 +363,8 @@ def demo_main(argv: list[str]) -> int:
     p.add_argument("--out", default="runs/demo", help="run directory (its stages are replaced)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (config: 30)")
     p.add_argument("--samples", type=int, default=8, help="posterior samples per width")
-    p.add_argument("--calls", type=int, default=300, help="predictions per budget phase")
+    p.add_argument("--calls", type=int, default=300,
+                   help=f"predictions per phase (the CPU contention phase: {CONTENTION_X} x)")
     p.add_argument("--quick", action="store_true",
                    help="the same pipeline with every stage cut short (3 training epochs, no "
                         "retraining between PWFN rounds or 1 SQS epoch, 200 evaluation "

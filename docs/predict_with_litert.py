@@ -46,9 +46,10 @@ def read_manifest(bundle: Path) -> dict:
     # give float32 like every other (QUANTIZE and DEQUANTIZE inside), so they run as is;
     # version 8 adds a cascade plan per target accuracy, which one slice alone does not need;
     # version 9 adds `input.preprocess`, a photo model's resize and centre crop, which makes
-    # the raw sample this example takes from a photo (docs/manifest.md, Photos)
-    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6, 7, 8, 9):
-        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-9")
+    # the raw sample this example takes from a photo (docs/manifest.md, Photos); version 10
+    # adds a configuration's `val_accuracy`, which choosing by val_nll does not need
+    if manifest["schema_version"] not in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
+        raise ValueError(f"schema version {manifest['schema_version']}; this example reads 1-10")
     if manifest.get("layout", "files") != "files":
         raise ValueError(f"layout {manifest['layout']!r}: this example reads .tflite files; "
                          f"write them with `edge-sdk materialize {bundle} --out DIR`")

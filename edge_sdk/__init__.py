@@ -44,7 +44,11 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time they load laz
     from edge_sdk.backends import BackendError
     from edge_sdk.policy.budget import Budget
     from edge_sdk.answers.prediction import Prediction
-    from edge_sdk.runtime.model import EdgeModel, load
+    from edge_sdk.device.readers import Readers
+    from edge_sdk.device.state import DeviceState
+    from edge_sdk.policy.rules import OnBattery, UnderContention, UnderMemoryPressure, WhenHot
+    from edge_sdk.runtime.loading import load
+    from edge_sdk.runtime.model import EdgeModel
 
 __version__ = "0.1.0"
 
@@ -55,6 +59,13 @@ __all__ = [
     "Budget",
     "Prediction",
     "__version__",
+    # device rules (docs/runtime.md, Device rules)
+    "OnBattery",
+    "WhenHot",
+    "UnderMemoryPressure",
+    "UnderContention",
+    "Readers",
+    "DeviceState",
     # the errors: one family, EdgeSdkError
     "EdgeSdkError",
     "ConfigError",
@@ -83,11 +94,17 @@ __all__ = [
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
-    "load": "edge_sdk.runtime.model",
+    "load": "edge_sdk.runtime.loading",
     "EdgeModel": "edge_sdk.runtime.model",
     "Prediction": "edge_sdk.answers.prediction",
     "Budget": "edge_sdk.policy.budget",
     "BackendError": "edge_sdk.backends",
+    "OnBattery": "edge_sdk.policy.rules",
+    "WhenHot": "edge_sdk.policy.rules",
+    "UnderMemoryPressure": "edge_sdk.policy.rules",
+    "UnderContention": "edge_sdk.policy.rules",
+    "Readers": "edge_sdk.device.readers",
+    "DeviceState": "edge_sdk.device.state",
 }
 
 

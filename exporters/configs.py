@@ -1,13 +1,13 @@
 """A bundle's configuration records from measured slices, for both layouts.
 
 :class:`Configurations` turns the logits of a configuration's files (validation, test, OOD)
-into the manifest record: temperature, confidence thresholds, validation NLL, test quality,
-host latency and memory (each distinct file measured once), and at the end the two-stage
-cascade plans. :func:`store_width` adds one width of a ``layout: store`` bundle: every slice
-materialised from the store (:func:`edge_sdk.store.materialize`, the function the device runs),
-so each virtual file's sha256 is the hash of the bytes measured here, and S (posterior samples)
-a run-time choice: one head and one all configuration per S in ``counts`` (by default
-1, 2, 4, ... and S_max: ``exporters.layouts.sample_counts``).
+into the manifest record: temperature, confidence thresholds, validation NLL and accuracy,
+test quality, host latency and memory (each distinct file measured once), and at the end the
+two-stage cascade plans. :func:`store_width` adds one width of a ``layout: store`` bundle:
+every slice materialised from the store (:func:`edge_sdk.store.materialize`, the function the
+device runs), so each virtual file's sha256 is the hash of the bytes measured here, and S
+(posterior samples) a run-time choice: one head and one all configuration per S in
+``counts`` (by default 1, 2, 4, ... and S_max: ``exporters.layouts.sample_counts``).
 """
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def _sig(x: float | None, digits: int) -> float | None:
     samples is exact to one sample), latency and memory 4, the temperature 7 (the thresholds
     and validation NLL are computed at the rounded temperature); thresholds are the shortest
     decimals between two validation confidences (``calibrate.short_threshold``: no validation
-    decision changes) and the validation NLL keeps every digit (the budget rule ranks on it)."""
+    decision changes) and the validation NLL keeps every digit (the budget rule ranks on it);
+    the validation accuracy keeps 6 (exact to one sample on up to 100,000 validation samples:
+    the device rules compare it)."""
     return None if x is None else float(f"{x:.{digits}g}")
 
 
@@ -131,6 +133,7 @@ class Configurations:
             weight_entropy_bits=entropy,
             thresholds=confidence_thresholds(val_probs, val_y, self.targets),
             val_nll=float(M.nll(val_probs, val_y)),
+            val_accuracy=_sig(M.accuracy(val_probs, val_y), 6),
             test={k: {m: _sig(v, 4) for m, v in quality(test_logits, test_y, t,
                                                          ood_logits)[1].items()}
                   for k, t in (("raw", 1.0), ("calibrated", temperature))},

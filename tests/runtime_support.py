@@ -41,3 +41,12 @@ def without_cascade_targets(data: dict) -> dict:
             if isinstance(e, dict):
                 e.pop("targets", None)
     return data
+
+
+def without_val_accuracy(data: dict) -> dict:
+    """A manifest dict without schema version 10's ``val_accuracy`` per configuration, in
+    place: what a test that rewrites a bundle as an older version removes."""
+    for c in data.get("configurations", []):
+        if isinstance(c, dict):
+            c.pop("val_accuracy", None)
+    return data

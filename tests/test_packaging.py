@@ -203,4 +203,4 @@ def test_the_public_api_is_named_and_importable_from_edge_sdk():
                if inspect.isclass(v) and issubclass(v, Exception) and v.__module__ == errors.__name__}
     assert defined <= set(edge_sdk.__all__), defined - set(edge_sdk.__all__)
     assert issubclass(edge_sdk.BackendError, edge_sdk.EdgeSdkError)
-    assert edge_sdk.load.__module__ == "edge_sdk.runtime.model"
+    assert edge_sdk.load.__module__ == "edge_sdk.runtime.loading"

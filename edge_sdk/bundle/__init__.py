@@ -65,6 +65,8 @@ of docs/store.md §5; version 2 is version 3 without ``layout``, ``store``,
                                       # wider configuration; on validation, `coverage` of the
                                       # samples are answered here and accuracy drops <= max_loss
       val_nll: 0.31
+      val_accuracy: 0.93              # schema version 10, optional: validation accuracy (what
+                                      # the device rules compare); absent: not recorded
       test: {raw: {accuracy: ..., nll: ..., ece: ..., brier: ...}, calibrated: {...}}
       latency_ms: <float> | null      # measured on the exporting host; null with --no-measure
       memory_mb: <float> | null

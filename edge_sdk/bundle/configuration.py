@@ -145,6 +145,9 @@ class Configuration(_Record):
     # targets: {target accuracy: {threshold, coverage}}}: cascade_plan() reads it
     cascade: dict[str, dict[str, Any]] = field(default_factory=dict)
     val_nll: float
+    # (schema version 10) the accuracy of the validation predictions (the argmax: the same at
+    # any temperature), which the device rules compare; None: not recorded (an older bundle)
+    val_accuracy: float | None = None
     test: dict[str, dict[str, float]]
     latency_ms: float | None = None
     memory_mb: float | None = None
@@ -165,10 +168,13 @@ class Configuration(_Record):
         return (self.width, self.scope, self.samples)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data in schema key order; ``materialize`` only when set (store layout)."""
+        """Plain data in schema key order; ``materialize`` only when set (store layout),
+        ``val_accuracy`` only when recorded (schema version 10: absent = not recorded)."""
         out = super().to_dict()
         if self.materialize is None:
             del out["materialize"]
+        if self.val_accuracy is None:
+            del out["val_accuracy"]
         return out
 
     @classmethod
@@ -227,12 +233,32 @@ class Configuration(_Record):
         out["thresholds"] = _thresholds(v["thresholds"], join(path, "thresholds"))
         out["cascade"] = _cascade(v["cascade"], join(path, "cascade"))
         out["val_nll"] = float_value(v["val_nll"], join(path, "val_nll"), ge=0.0)
+        out["val_accuracy"] = optional_float(v["val_accuracy"], join(path, "val_accuracy"),
+                                             ge=0.0, le=1.0)
         out["test"] = _test_metrics(v["test"], join(path, "test"))
         out["latency_ms"] = optional_float(v["latency_ms"], join(path, "latency_ms"), ge=0.0)
         out["memory_mb"] = optional_float(v["memory_mb"], join(path, "memory_mb"), ge=0.0)
         out["materialize"] = _recipes(v["materialize"], join(path, "materialize"), scope,
                                       samples, len(files))
         return out
+
+
+def version_rules(c: Configuration, version: int, path: str) -> None:
+    """Refuse what configuration ``c`` (at ``path``) holds that its manifest's schema
+    ``version`` cannot: integer kernels (from 7), cascade plans per target accuracy (from 8),
+    the validation accuracy (from 10)."""
+    if c.weights == "int8" and version < 7:
+        fail(join(path, "weights"), f"'int8' needs schema version 7 (a version-{version} "
+                                    "bundle has float and dynamic-range slices only)")
+    if version < 8:
+        for w_id, e in c.cascade.items():
+            if "targets" in e:
+                fail(f"{path}.cascade.{w_id}.targets", f"needs schema version 8 "
+                     f"(a version-{version} bundle plans one threshold per cascade)")
+    if c.val_accuracy is not None and version < 10:
+        fail(join(path, "val_accuracy"), f"needs schema version 10 (a version-{version} bundle "
+                                         "records no validation accuracy); set schema_version: "
+                                         "10 or remove it")
 
 
 def _recipes(value: object, path: str, scope: str, samples: int, count: int

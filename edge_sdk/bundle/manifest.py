@@ -14,7 +14,7 @@ from edge_sdk.bundle.compact import (_CASCADE_MAX_LOSS, _COMPACT_DEFAULTS, _NAME
                                      _compact_graphs, _compact_test, _derived, _graphs,
                                      _resolve_names, _slices)
 from edge_sdk.bundle.activation_quant import parse_activation_quant
-from edge_sdk.bundle.configuration import Configuration, named_configuration
+from edge_sdk.bundle.configuration import Configuration, named_configuration, version_rules
 from edge_sdk.bundle.input_spec import InputSpec
 from edge_sdk.bundle.records import (
     BUNDLE_LAYOUTS,
@@ -346,14 +346,7 @@ class Manifest(_Record):
                 files[entry.name] = (entry, fp)
                 folded[lower] = entry.name
         for i, config in enumerate(configs):
-            if config.weights == "int8" and version < 7:
-                fail(f"{p}[{i}].weights", f"'int8' needs schema version 7 (a version-{version} "
-                                          "bundle has float and dynamic-range slices only)")
-            if version < 8:
-                for w_id, e in config.cascade.items():
-                    if "targets" in e:
-                        fail(f"{p}[{i}].cascade.{w_id}.targets", f"needs schema version 8 "
-                             f"(a version-{version} bundle plans one threshold per cascade)")
+            version_rules(config, version, f"{p}[{i}]")  # int8, targets, val_accuracy
             cp = f"{p}[{i}].materialize"
             if layout == "store" and config.materialize is None:
                 fail(cp, "missing: layout 'store' needs one recipe per file")

@@ -27,7 +27,7 @@ from edge_sdk.validation import (
     str_value,
 )
 
-SCHEMA_VERSION = 9  # what the exporter writes
+SCHEMA_VERSION = 10  # what the exporter writes
 # what this edge_sdk reads: 1 = batch-1 slices (no batch_dim), 2 = batch_dim recorded,
 # 3 = bundle layouts (files | store: one weight store, slices materialised; docs/store.md),
 # 4 = version 3 whose store configurations and graphs may leave out what the reader derives
@@ -42,8 +42,11 @@ SCHEMA_VERSION = 9  # what the exporter writes
 # 8 = version 7 plus a cascade plan per target accuracy (``targets`` in a cascade entry; an
 # older bundle's one plan serves every target), 9 = version 8 plus ``input.preprocess`` (a
 # photo model's evaluation transform, edge_sdk.bundle.preprocess: the runtime resizes and
-# crops image files and uint8 arrays of any size by it; an older bundle takes its input shape)
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+# crops image files and uint8 arrays of any size by it; an older bundle takes its input shape),
+# 10 = version 9 plus a configuration's ``val_accuracy`` (the accuracy of its validation
+# predictions, which the device rules compare; an older bundle loads with None and the rules
+# fall back to the test accuracy)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 MANIFEST_NAME = "manifest.yaml"
 SIGNATURE_NAME = MANIFEST_NAME + ".sig"  # a signed bundle's Ed25519 signature (docs/signing.md)
 FILE_SUFFIX = ".tflite"

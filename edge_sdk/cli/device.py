@@ -76,7 +76,7 @@ def run_main(argv: list[str]) -> int:
                         "docs/signing.md)")
     args = p.parse_args(argv)
     from edge_sdk.policy.budget import Budget
-    from edge_sdk.runtime.model import load
+    from edge_sdk.runtime.loading import load
 
     budget = Budget(args.latency_ms, args.memory_mb)  # malformed: BudgetError, exit 2
     profile = None if args.profile.lower() == "none" else args.profile
@@ -175,7 +175,7 @@ def bench_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    from edge_sdk.runtime.model import load
+    from edge_sdk.runtime.loading import load
 
     model = load(args.bundle, threads=args.threads, trusted_keys=args.trusted_key)
     spec = model.input_spec

@@ -86,3 +86,8 @@ class MemoryProbe:
         if now - self._at >= self._interval:
             self._value, self._at = float(self._reader()), now
         return self._value
+
+    def read(self) -> float:
+        """Read now (the device monitor's timer does, so calls find a fresh value)."""
+        self._value, self._at = float(self._reader()), self._clock()
+        return self._value

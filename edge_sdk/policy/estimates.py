@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.device.contention import Contention
 
 __all__ = ["FALLBACK_GMACS", "FALLBACK_OVERHEAD_MS", "Estimates"]
 
@@ -45,6 +46,7 @@ class Estimates:
     _batch_ratio: dict[int, float]
     _forgotten_s: float
     _forgotten_calls: float
+    contention: Contention | None
 
     if TYPE_CHECKING:
         def _recheck(self, config_id: str, latency_ms: float) -> None: ...
@@ -60,6 +62,13 @@ class Estimates:
             return c.latency_ms, "manifest"
         return c.invokes * (c.macs / (FALLBACK_GMACS * 1e6) + FALLBACK_OVERHEAD_MS), \
             "MACs fallback"
+
+    def energy_ms(self, c: Configuration) -> float:
+        """The cost the battery and heat rules minimise: the interpreter time the device
+        profile (else the manifest) measured for ``c`` on one core, a core's active time per
+        call at full clock: the energy proxy, precision included (an int8 slice's own
+        figure); the MACs-based fallback where nothing was measured."""
+        return self.prior_latency_ms(c)
 
     def overhead_ms(self, c: Configuration) -> float:
         """The SDK's time outside the interpreter for a call answered by ``c`` (load-time)."""
@@ -146,6 +155,15 @@ class Estimates:
         measured, calls = self._measured, self._calls
         old = measured.get(key)
         last = self._last2.get(key)
+        ct = self.contention
+        if ct is not None and n == 1:  # a stall? against the estimate before this call
+            e = old[0] if old is not None else self._prior_e2e.get(config_id)
+            if e is not None:  # Contention.note, inline: this runs every call
+                ct.work_ms += e
+                if raw > ct.slower_than * e or raw > ct.target_ms:
+                    ct.stall(raw - e, raw > ct.slower_than * e, e)
+                elif ct.engaged:
+                    ct.tick()
         if old is not None and (now - old[1] > self._forgotten_s
                                 or calls - old[2] > self._forgotten_calls):
             # aged to the prior (weight > 0.999): measured afresh, as if never before

@@ -42,7 +42,9 @@ from edge_sdk.validation import show
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.device.contention import Contention
     from edge_sdk.policy.budget import Budget, MemoryProbe
+    from edge_sdk.policy.rules import RuleSet
 
 def _number(name: str, v: object, lo: float, hi: float, integer: bool = False,
             lo_open: bool = False) -> float:
@@ -122,6 +124,9 @@ class Policy(Estimates, Planner, Variants):
         self._batch_ratio: dict[int, float] = {}  # batch size -> measured / n single calls
         self._last: str | None = None
         self._single: dict[str, Stage] = {}  # call_stages' one-stage plans
+        # the device rules (set by use_rules) and the contention they may measure
+        self.rules: RuleSet | None = None
+        self.contention: Contention | None = None
         self.configs = configs
 
     @property
@@ -161,6 +166,16 @@ class Policy(Estimates, Planner, Variants):
         network's other precision variants right after the one that answers for it."""
         return [v for c in self._ranked for v in (c, *(o for o in self.variants(c)
                                                         if o is not c))]
+
+    def use_rules(self, rules: RuleSet | None, contention: Contention | None = None) -> None:
+        """Apply ``rules`` (edge_sdk.policy.rules) from the next decision on; ``contention``:
+        the stall estimate the calls feed (observe) and UnderContention reads."""
+        self.rules, self.contention = rules, contention
+        self._rerank()
+
+    def _rerank(self) -> None:
+        self._ranked = self._rank()
+        self._candidates = None
 
     # ---- the rule --------------------------------------------------------------------------
     def _mem_ok(self, c: Configuration, mem_limit: float) -> bool:
@@ -223,10 +238,16 @@ class Policy(Estimates, Planner, Variants):
             # Hysteresis: the incumbent fits, and a better configuration replaces it only if
             # that one fits with `hysteresis` headroom; so a latency hovering at the budget
             # does not flap, and no configuration is ever kept beyond the budget.
-            headroom, keep = 1 - self.hysteresis, self.preference(last)
+            # preferred = earlier in the order (the device rules may reorder it by cost)
+            if among is None:
+                pos, big = self._pos, len(self._pos)
+                rank: Callable[[Configuration], object] = lambda c: pos.get(c.id, big)  # noqa
+            else:
+                rank = self.preference
+            headroom, keep = 1 - self.hysteresis, rank(last)
             better = next((c for c in pool if c is last or (
-                self.preference(c) < keep and fits(c, headroom))), last)
-            if better is last and self.preference(best) < keep:
+                rank(c) < keep and fits(c, headroom))), last)  # type: ignore[operator]
+            if better is last and rank(best) < keep:  # type: ignore[operator]
                 higher = best
                 return last, True, lambda: (
                     f"kept {last.id}: {higher.id} ranks higher but does not fit with "
@@ -293,6 +314,9 @@ class Policy(Estimates, Planner, Variants):
         (``predicted_ms``, read only for a cascade's later stages, is 0). Anything else (an
         incumbent that no longer fits, another policy) goes through :meth:`plan`. Records
         the decision as :meth:`plan` does."""
+        rules = self.rules
+        if rules is not None and rules.signal.n != rules.seen:  # a new reading: judge again
+            self._rerank()
         last = self._last
         if self.mode == "best" and (last is None or last in self._by_id):
             latency = budget.latency_ms
@@ -301,7 +325,6 @@ class Policy(Estimates, Planner, Variants):
             measured, prior_e2e = self._measured, self._prior_e2e
             floor = self._floor if n == 1 else None
             switch: Configuration | None = None
-            keep: tuple[float, float, int] | None = None
             ranked = self._ranked
             if floor is not None:
                 cand = self._candidates
@@ -358,12 +381,9 @@ class Policy(Estimates, Planner, Variants):
                     return (st,)
                 if fit and switch is None and (
                         latency is None or pred <= latency * (1 - self.hysteresis)):
-                    # ranked above the incumbent: it replaces the incumbent only with the
-                    # headroom (decide()'s hysteresis), and only if strictly preferred
-                    if keep is None:
-                        keep = self.preference(self._by_id[last])
-                    if self.preference(c) < keep:
-                        switch = c
+                    # ranked above the incumbent (so preferred: earlier in the order): it
+                    # replaces the incumbent only with the headroom (decide()'s hysteresis)
+                    switch = c
         return self.plan(budget, strict, n).stages
 
     def plan(self, budget: Budget, strict: bool = False, n: int = 1) -> Plan:

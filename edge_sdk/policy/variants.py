@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.policy.rules import RuleSet
 
 __all__ = ["PRECISION_TOLERANCE", "PROBE_CALLS", "PROBE_WITHIN", "RECENT", "RECHECK_CALLS",
            "SWITCH_GAIN", "Variants"]
@@ -53,6 +54,9 @@ class Variants:
     _candidates: object
     _last: str | None
     _clock: Callable[[], float]
+    rules: RuleSet | None
+    _quality: list[Configuration]
+    _pos: dict[str, int]
 
     if TYPE_CHECKING:
         def _predicted(self, c: Configuration, now: float, n: int = 1) -> float: ...
@@ -95,7 +99,9 @@ class Variants:
 
     def _rank(self) -> list[Configuration]:
         """The rule's order over what may answer: ungrouped configurations and each group's
-        active variant, a group at its best variant's place."""
+        active variant, a group at its best variant's place; then what the engaged device
+        rules leave of it, in their order (``_quality`` keeps it before them, ``_pos`` the
+        positions after)."""
         keyed = []
         for c in self._configs:
             group = self._group.get(c.id)
@@ -103,7 +109,12 @@ class Variants:
                 keyed.append((self.preference(c), c))
             elif c is self._active[group[0].id]:
                 keyed.append((min(self.preference(v) for v in group), c))
-        return [c for _, c in sorted(keyed, key=lambda t: t[0])]
+        order = [c for _, c in sorted(keyed, key=lambda t: t[0])]
+        self._quality = order
+        # the device rules (edge_sdk.policy.rules) narrow and reorder it while engaged
+        ruled = order if self.rules is None else self.rules.view(order)
+        self._pos = {c.id: i for i, c in enumerate(ruled)}  # hysteresis compares positions
+        return ruled
 
     @property
     def candidates(self) -> list[Configuration]:

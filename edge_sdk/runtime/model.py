@@ -35,6 +35,7 @@ from edge_sdk.answers.prediction import BatchPrediction, Prediction, draft, fini
 from edge_sdk.answers.uncertainty import Uncertainty, check_alpha
 from edge_sdk.runtime.recorder import TraceRecorder
 from edge_sdk.runtime.residency import PerThread, Residency
+from edge_sdk.runtime.device import use_rules
 from edge_sdk.runtime.warm import warm, warm_set
 from edge_sdk.runtime.execute_batch import BatchExecutor
 from edge_sdk.runtime.startup import (answerable, check_load_args, latency_priors,
@@ -44,9 +45,12 @@ if TYPE_CHECKING:
     from edge_sdk.bundle.manifest import Manifest
     from edge_sdk.bundle.input_spec import InputSpec
     from edge_sdk.bundle.configuration import Configuration
+    from edge_sdk.device.readers import Readers
+    from edge_sdk.device.state import DeviceState
+    from edge_sdk.policy.rules import Rule
     from edge_sdk.trust.signing import KeyLike
 
-__all__ = ["BatchPrediction", "EdgeModel", "Prediction", "load"]
+__all__ = ["BatchPrediction", "EdgeModel", "Prediction"]
 POLICIES = MODES
 
 
@@ -65,7 +69,8 @@ class EdgeModel(BatchExecutor, Residency):
                  half_life_s: float = 10.0, half_life_calls: int = 200,
                  trusted_keys: Iterable[KeyLike] | KeyLike | None = None, uncertainty: bool = True, alpha: float = 0.1,
                  conformal: str = "lac", abstain_on_ood: bool = True,
-                 input_check: bool = True) -> None:
+                 input_check: bool = True, rules: Iterable[Rule] | Rule | None = None,
+                 readers: Readers | None = None, monitor_interval_s: float = 0.1) -> None:
         # every argument typed here (numpy numbers made Python ones), one error type each
         target_accuracy, memory_cap_mb, threads = check_load_args(
             bundle_dir, profile, threads, policy, target_accuracy, strict, memory_cap_mb,
@@ -145,6 +150,8 @@ class EdgeModel(BatchExecutor, Residency):
                     f"memory_cap_mb {self.memory_cap_mb:g} MB is below every configuration's "
                     f"memory need: the smallest, {small.id}, needs "
                     f"{self.policy.memory_need_mb(small):.4g} MB")
+        # the device rules: readings off the call path, contention from the calls
+        self._monitor = use_rules(self.policy, rules, readers, monitor_interval_s)
         self._share_mb = self._file_shares()
         self.budget = Budget()
         self._clock = clock
@@ -161,6 +168,27 @@ class EdgeModel(BatchExecutor, Residency):
         """The bundle's OOD statistics and conformal quantiles (None: the bundle has none, or
         ``load(uncertainty=False)``)."""
         return self._unc
+
+    @property
+    def device(self) -> DeviceState | None:
+        """The device monitor's last reading (None: the model has no device rules)."""
+        return None if self._monitor is None else self._monitor.state
+
+    @property
+    def engaged_rules(self) -> dict[str, str]:
+        """The device rules acting now: rule name -> the reading that engaged it."""
+        rules = self.policy.rules
+        if rules is None:
+            return {}
+        with self._lock:
+            if rules.stale():  # a reading since the last call: what the next call acts on
+                self.policy._rerank()
+            return dict(rules.engaged)
+
+    def close(self) -> None:
+        """Stop the device monitor's timer (it also ends when the model is collected)."""
+        if self._monitor is not None:
+            self._monitor.stop()
 
     @property
     def input_spec(self) -> InputSpec:
@@ -322,78 +350,3 @@ class EdgeModel(BatchExecutor, Residency):
         """[S, C] logits of one sample (``_feed``'s raw values) and the invokes' time (tests)."""
         interps, _ = self._resident(c, 1)
         return self._invoke(interps, x)
-
-
-def load(bundle_dir: str | os.PathLike[str], profile: str | os.PathLike[str] | None = "auto",
-         threads: int | None = None, *, policy: str = "best", target_accuracy: float = 0.95,
-         strict: bool = False, memory_cap_mb: float | None = None, backend: str | None = None,
-         trusted_keys: Iterable[KeyLike] | KeyLike | None = None,
-         hysteresis: float = 0.1, half_life_s: float = 10.0, half_life_calls: int = 200,
-         uncertainty: bool = True, alpha: float = 0.1, conformal: str = "lac",
-         abstain_on_ood: bool = True, input_check: bool = True,
-         memory_reader: Callable[[], float] | None = None,
-         clock: Callable[[], float] = time.perf_counter) -> EdgeModel:
-    """Load and verify a bundle (schema version, every file's sha256) before anything runs.
-
-    A store bundle (schema version 3 or 4, ``layout: store``): ``store.bin`` is read once, its size
-    and sha256 checked, and decoded; one slice per distinct graph (per width: the point slice,
-    a sampled slice, the head slice with the most heads) is materialised, checked against the
-    manifest's sha256 and tensors and parsed by the backend here, so a broken store or a
-    materialiser that disagrees with the exporter fails now. Every other slice is materialised
-    and checked the same way on first use (a first-use cost, ``first_use_ms``, never part of
-    the latency estimate).
-
-    ``profile`` seeds the latency the policy expects of each configuration until this process
-    has measured it: "auto" (a measured profile cached by ``edge-sdk profile`` for this bundle
-    and host, else the manifest's host measurements), a built-in device profile name
-    (``raspberry_pi_4``, ...), a profile YAML path, or None (manifest only). ``threads`` is
-    the interpreter thread count (None: the runtime's default). ``backend`` picks the TFLite
-    interpreter: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
-    installed, LiteRT first); a bundle the backend would answer wrongly raises BackendError.
-    Keyword arguments: ``policy`` ("best" or "cascade"), ``target_accuracy``, ``strict`` (raise
-    :class:`BudgetNotMetError` instead of answering outside the budget), ``memory_cap_mb``
-    (resident interpreters per thread, and a store bundle's materialised slice bytes, least
-    recently used evicted first; also a memory limit of every decision), ``trusted_keys``
-    (Ed25519 public keys, PEM paths or bytes: only a bundle whose manifest one of them signed
-    loads, with nothing unlisted in it; docs/signing.md), and the
-    policy's tunables ``hysteresis`` (headroom a better configuration needs to replace the
-    incumbent, default 0.1), ``half_life_s`` / ``half_life_calls`` (how fast a measurement
-    ages toward the prior, default 10 s / 200 decisions).
-
-    Args:
-        bundle_dir: the bundle directory (``manifest.yaml`` and its files).
-        profile: "auto", a built-in device profile name, a profile YAML path, or None.
-        threads: interpreter threads (None: the runtime's default).
-        policy: "best" (the best configuration that fits) or "cascade" (narrow first, widen
-            when unsure).
-        target_accuracy: which exported confidence threshold ``abstain`` uses.
-        strict: raise :class:`BudgetNotMetError` instead of answering outside the budget.
-        memory_cap_mb: resident interpreters (and store slices) per thread, LRU-evicted; also
-            a memory limit of every decision.
-        backend: "litert", "tflite-runtime" or None (``EDGE_SDK_BACKEND``, else the first
-            installed).
-        trusted_keys: Ed25519 public keys (PEM paths or bytes); only a bundle one of them
-            signed loads.
-        hysteresis: headroom a better configuration needs to replace the incumbent.
-        half_life_s: seconds after which a latency measurement counts half toward the prior.
-        half_life_calls: decisions after which it counts half.
-        uncertainty: compute ``ood_score``, ``in_distribution`` and ``prediction_set``
-            (docs/uncertainty.md; False: those fields are None and the call costs only the
-            answer).
-        alpha: the prediction sets' miscoverage (coverage >= 1 - alpha).
-        conformal: the sets' score, "lac", "aps" or "raps".
-        abstain_on_ood: ``abstain`` also when the input is unlike the training data:
-            ``in_distribution`` False or ``input_suspect`` True.
-        input_check: compute ``input_suspect`` (the sample's per-channel mean and
-            maximum against the training split's, from the manifest's ``input_stats``;
-            False, or a bundle without them: None).
-        memory_reader: MB available now (tests; default psutil).
-        clock: the timer every latency is measured with (tests; default perf_counter).
-    """
-    return EdgeModel(bundle_dir, profile=profile, threads=threads, policy=policy,
-                     target_accuracy=target_accuracy, strict=strict,
-                     memory_cap_mb=memory_cap_mb, backend=backend, trusted_keys=trusted_keys,
-                     hysteresis=hysteresis, half_life_s=half_life_s,
-                     half_life_calls=half_life_calls, uncertainty=uncertainty, alpha=alpha,
-                     conformal=conformal, abstain_on_ood=abstain_on_ood,
-                     input_check=input_check, memory_reader=memory_reader, clock=clock)

@@ -21,10 +21,11 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Manifest.schema_version": {
         "const": SCHEMA_VERSION, "required": True,
         "description": "The format version; a reader refuses any it does not know (read it "
-                       "first). edge_sdk also reads versions 8 (no input.preprocess), 7 (no "
-                       "cascade targets), 6 (no integer slices, no activation_quant), 5 (no "
-                       "input_stats), 4 (no uncertainty), 3, 2 (without layout, store, graphs "
-                       "and materialize: layout files) and 1 (version 2 without batch_dim)."},
+                       "first). edge_sdk also reads versions 9 (no val_accuracy), 8 (no "
+                       "input.preprocess), 7 (no cascade targets), 6 (no integer slices, no "
+                       "activation_quant), 5 (no input_stats), 4 (no uncertainty), 3, 2 "
+                       "(without layout, store, graphs and materialize: layout files) and 1 "
+                       "(version 2 without batch_dim)."},
     "Manifest.layout": {
         "enum": list(BUNDLE_LAYOUTS),
         "description": "files: every listed .tflite file is in the bundle directory. store: "
@@ -218,6 +219,12 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Configuration.val_nll": {"minimum": 0,
                               "description": "Validation NLL at the temperature: the budget "
                                              "rule prefers the lowest."},
+    "Configuration.val_accuracy": {
+        "minimum": 0, "maximum": 1,
+        "description": "Schema version 10, optional: the accuracy of the validation "
+                       "predictions (the argmax, the same at any temperature), which the "
+                       "device rules compare. Null or absent: not recorded (the rules fall "
+                       "back to test.raw.accuracy)."},
     "Configuration.test": {
         "description": "Test metrics: {raw: {...}, calibrated: {...}} (accuracy, nll, ece, "
                        "brier, ...), measured through the written files. Files listed by "

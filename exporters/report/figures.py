@@ -8,9 +8,10 @@
 - ``risk_coverage.png``: accuracy of the accepted predictions against coverage (the fraction
   accepted) when abstaining below a confidence, one panel per scope, one line per width, with
   the manifest's exported threshold for each target accuracy marked on its curve;
-- ``trace.png`` (:func:`plot_trace`): latency per call against the latency budget, the chosen
-  width and samples, the memory the chosen configuration uses against the memory budget and
-  the confidence per call, with the trace's phases shaded and labelled.
+- ``trace.png`` (:func:`plot_trace`): latency per call against the latency budget or the device
+  rule's target, the chosen width and samples, the memory the chosen configuration uses against
+  the memory budget, the confidence per call and the device rules engaged (the state that drove
+  each call; simulated readings hatched), with the trace's phases shaded and labelled.
 """
 from __future__ import annotations
 
@@ -63,12 +64,49 @@ def _save(fig, path: Path) -> Path:
 
 
 def _shade_phases(axes, records, steps) -> None:
+    import textwrap
+
     for k, (phase, i, j) in enumerate(phases(records)):
         lo, hi = steps[i] - 0.5, steps[j] + 0.5
         for ax in axes:
             ax.axvspan(lo, hi, color="0.5" if k % 2 else "0.85", alpha=0.12, lw=0)
-        axes[0].text((lo + hi) / 2, 1.02, phase, transform=axes[0].get_xaxis_transform(),
-                     ha="center", va="bottom", fontsize=8)
+        # short phases side by side: wrapped, and every other one a row higher
+        axes[0].text((lo + hi) / 2, 1.02 + 0.14 * (k % 2), textwrap.fill(phase, 13),
+                     transform=axes[0].get_xaxis_transform(), ha="center", va="bottom",
+                     fontsize=7)
+
+
+def _rules_panel(ax, records, steps) -> None:
+    """One row per device rule: a bar over the calls it was engaged on (what drove the
+    configuration), hatched where its reading was simulated."""
+    names = list(dict.fromkeys(n for r in records for n in r.get("rules") or {}))
+    colors = ("tab:orange", "tab:red", "tab:brown", "tab:purple", "tab:olive")
+    for row, name in enumerate(names):
+        runs: list[list[float]] = []
+        for r, x in zip(records, steps):
+            text = (r.get("rules") or {}).get(name)
+            if text is None:
+                continue
+            sim = "(simulated)" in text
+            if runs and runs[-1][1] == x - 1 and runs[-1][2] == sim:
+                runs[-1][1] = x
+            else:
+                runs.append([x, x, sim])
+        for sim in (False, True):
+            spans = [(a - 0.5, b - a + 1) for a, b, s in runs if s == sim]
+            if spans:
+                ax.broken_barh(spans, (row - 0.35, 0.7), color=colors[row % len(colors)],
+                               alpha=0.6 if sim else 0.9, hatch="///" if sim else None,
+                               lw=0)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(-0.6, max(len(names), 1) - 0.4)
+    ax.set_ylabel("rule engaged")
+    if not names:
+        ax.text(0.5, 0.5, "no device rule engaged", transform=ax.transAxes, ha="center",
+                va="center", color="0.4")
+    else:
+        ax.text(0.01, 0.95, "hatched: on simulated readings", transform=ax.transAxes,
+                ha="left", va="top", color="0.3", fontsize=7)
 
 
 def plot_trace(records: Sequence[Mapping[str, Any]], path: str | os.PathLike,
@@ -76,10 +114,12 @@ def plot_trace(records: Sequence[Mapping[str, Any]], path: str | os.PathLike,
     """The budget-trace figure, written to ``path`` (PNG); returns the path.
 
     Panels against the call step: latency per call (budget misses marked) with the latency
-    budget as a step line; the chosen width (and posterior samples, right axis); the memory
-    the chosen configuration uses (``memory_mb``: MB per configuration id, e.g. the manifest's)
-    beside the memory budget; the confidence per call (correct / wrong / unlabelled). Phases
-    are shaded and labelled along the top.
+    budget, or the device rule's target (``target_ms``), as a step line; the chosen width (and
+    posterior samples, right axis); the memory the chosen configuration uses (``memory_mb``:
+    MB per configuration id, e.g. the manifest's) beside the memory budget; the confidence per
+    call (correct / wrong / unlabelled); the device rules engaged per call (``rules``: the
+    state that drove it, hatched where simulated). Phases are shaded and labelled along the
+    top.
     """
     return _save(_trace_figure(records, memory_mb), Path(path))
 
@@ -92,20 +132,27 @@ def _trace_figure(records: Sequence[Mapping[str, Any]],
     def column(key: str) -> np.ndarray:
         return np.array([np.nan if r[key] is None else r[key] for r in records], dtype=float)
 
-    fig = _figure(figsize=(11, 9), layout="constrained")
-    axes = fig.subplots(4, 1, sharex=True, height_ratios=[3, 2, 1.5, 2])
-    lat, wid, mem, conf = axes
-    met = np.array([r["budget_met"] for r in records])
+    fig = _figure(figsize=(11, 11), layout="constrained")
+    axes = fig.subplots(5, 1, sharex=True, height_ratios=[3, 2, 1.5, 2, 1.3])
+    lat, wid, mem, conf, state = axes
     latency = column("latency_ms")
     budgets = column("budget_latency_ms")
+    targets = column("target_ms")
+    over = np.isfinite(targets) & (latency > np.nan_to_num(targets, nan=np.inf))
+    met = np.array([r["budget_met"] for r in records]) & ~over
+    what = "budget" if not np.isfinite(targets).any() else "budget or target"
     lat.plot(steps, latency, color="tab:blue", lw=0.6, alpha=0.5)
-    lat.scatter(steps[met], latency[met], s=8, color="tab:blue", label="latency (budget met)")
+    lat.scatter(steps[met], latency[met], s=8, color="tab:blue", label=f"latency ({what} met)")
     if (~met).any():
         lat.scatter(steps[~met], latency[~met], s=18, marker="x", color="tab:red",
-                    label="latency (budget missed)")
-    lat.step(steps, budgets, where="mid", color="black", lw=1.5,
-             label="latency budget")
-    values = np.concatenate([latency, budgets[np.isfinite(budgets)]])
+                    label=f"latency ({what} missed)")
+    if np.isfinite(budgets).any() or not np.isfinite(targets).any():
+        lat.step(steps, budgets, where="mid", color="black", lw=1.5, label="latency budget")
+    if np.isfinite(targets).any():
+        lat.step(steps, targets, where="mid", color="black", lw=1.5, ls="--",
+                 label="latency target (device rule)")
+    values = np.concatenate([latency, budgets[np.isfinite(budgets)],
+                             targets[np.isfinite(targets)]])
     if values.min() > 0 and values.max() / values.min() > 20:  # first-call spikes vs tiny budgets
         lat.set_yscale("log")
         lat.set_ylabel("latency per call (ms, log)")
@@ -155,11 +202,13 @@ def _trace_figure(records: Sequence[Mapping[str, Any]],
             conf.scatter(steps[pick], confidence[pick], s=8, color=color, label=label)
     conf.set_ylim(0, 1.05)
     conf.set_ylabel("confidence")
-    conf.set_xlabel("call (step)")
     conf.legend(loc="lower right", fontsize=8)
 
+    _rules_panel(state, records, steps)
+    state.set_xlabel("call (step)")
     _shade_phases(axes, records, steps)
-    fig.suptitle("Budget trace: width chosen per call under a changing budget")
+    fig.suptitle("Replay trace: the configuration chosen per call as the budget or the device "
+                 "changes")
     return fig
 
 

@@ -50,7 +50,10 @@ def validate_trace(records: Any, where: str = "trace") -> list[dict[str, Any]]:
     Each record: ``step`` int, ``phase`` str, ``budget_latency_ms`` / ``budget_memory_mb``
     number > 0 or null, ``config_id`` str, ``width`` in (0, 1], ``samples`` int >= 1,
     ``latency_ms`` >= 0, ``budget_met`` bool, ``correct`` bool or null, ``confidence`` in
-    [0, 1]. Extra keys are ignored. Raises :class:`TraceError` naming the first problem.
+    [0, 1]. Optional (the demo's device replay): ``target_ms`` the latency target a device rule
+    held the call to (number > 0 or null), ``rules`` the device rules engaged (rule name ->
+    the reading that engaged it), ``simulated`` whether those readings were simulated (bool).
+    Other keys are ignored. Raises :class:`TraceError` naming the first problem.
     """
     if not isinstance(records, (list, tuple)):
         _trace_fail(f"{where}.records", f"expected a list of records, got {type(records).__name__}")
@@ -77,7 +80,17 @@ def validate_trace(records: Any, where: str = "trace") -> list[dict[str, Any]]:
             _trace_fail(f"{p}.budget_met", f"expected true or false, got {rec['budget_met']!r}")
         if rec["correct"] is not None and not isinstance(rec["correct"], bool):
             _trace_fail(f"{p}.correct", f"expected true, false or null, got {rec['correct']!r}")
+        rules = rec.get("rules") or {}
+        if not isinstance(rules, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in rules.items()):
+            _trace_fail(f"{p}.rules", f"expected a mapping of rule names to readings, got "
+                                      f"{rules!r}")
+        if not isinstance(rec.get("simulated", False), bool):
+            _trace_fail(f"{p}.simulated", f"expected true or false, got {rec['simulated']!r}")
         out.append({
+            "target_ms": _trace_number(rec.get("target_ms"), f"{p}.target_ms", lo=0.0,
+                                       lo_open=True, optional=True),
+            "rules": dict(rules), "simulated": rec.get("simulated", False),
             "step": int(step), "phase": rec["phase"], "config_id": rec["config_id"],
             "budget_latency_ms": _trace_number(rec["budget_latency_ms"], f"{p}.budget_latency_ms",
                                                lo=0.0, lo_open=True, optional=True),

@@ -62,41 +62,53 @@ def test_report_and_figures_are_written_and_non_empty(demo):
         assert png.name in text, f"{png.name} is not referenced by the report"
 
 
-def test_trace_covers_every_phase_and_respects_the_budgets(demo, records):
+PHASES = ["unconstrained", "thermal throttle", "memory pressure", "CPU contention (real)",
+          "battery drain", "recovered (control)", "cascade"]
+
+
+def test_trace_covers_every_phase_and_its_rules_drove_it(demo, records):
+    from demos.device_phases import CONTENTION_X
+
+    trace = json.loads(demo["trace"].read_text())
     manifest = read_manifest(demo["bundle"])
     by_id = {c.id: c for c in manifest.configurations}
     phases = defaultdict(list)
     for r in records:
         phases[r["phase"]].append(r)
-    assert list(phases) == ["unconstrained", "battery saver", "CPU shared", "recovered",
-                            "memory squeeze", "cascade"]
-    assert all(len(rs) == 25 for rs in phases.values())
-    # memory is decided from the manifest, not from timings: every call must fit the squeeze
-    squeeze = phases["memory squeeze"]
-    assert all(by_id[r["config_id"]].memory_mb <= r["budget_memory_mb"] for r in squeeze)
-    assert all(r["budget_met"] for r in squeeze + phases["unconstrained"] + phases["recovered"])
-    # a tighter latency budget never buys a costlier configuration (by the manifest's latency).
-    # The runtime decides on its live estimates, so two configurations whose manifest latencies
-    # differ by less than their timing noise may swap places: allow 3 % (one run failed on
-    # phase means of 0.031726 vs 0.031720 ms, 0.02 % apart)
-    # A network's precision variants (float, dynamic range, int8 kernels) answer alike and the
-    # policy takes whichever its live estimates call fastest: a network costs its cheapest
-    net = {c.id: min(v.latency_ms for v in manifest.configurations
-                     if v.variant_of == c.variant_of) for c in manifest.configurations}
-    cost = lambda rs: np.mean([net[r["config_id"]] for r in rs])  # noqa: E731
-    budget = lambda name: phases[name][0]["budget_latency_ms"]  # noqa: E731
-    # the demo may give both phases the same budget (the tightest one a configuration met on
-    # >= 99 % of its warm-up calls): then they are one constraint and which of two equally
-    # fitting configurations answers is timing noise, not a costlier choice
-    # The rule orders configurations that fit. A phase whose calls mostly miss their budget
-    # is in the "nothing fits" regime, where the policy answers with the configuration its live
-    # estimates call fastest end to end: a full test run (the demo shares the pytest process)
-    # gave CPU shared 0.0323 ms, below w0.25-point's ~0.035 ms end to end, and its calls split
-    # between w0.25 and w0.50 by estimate noise (manifest-latency means 0.00519 vs 0.00372 ms)
-    fitted = lambda name: np.mean([r["budget_met"] for r in phases[name]])  # noqa: E731
-    if budget("CPU shared") < budget("battery saver") and fitted("CPU shared") >= 0.8:
-        assert cost(phases["CPU shared"]) <= 1.03 * cost(phases["battery saver"])
-    assert cost(phases["battery saver"]) <= 1.03 * cost(phases["unconstrained"])
+    skipped = [s["phase"] for s in trace["skipped"]]  # no os.sched_setaffinity: no contention
+    assert list(phases) == [p for p in PHASES if p not in skipped]
+    assert skipped in ([], ["CPU contention (real)"])
+    for name, rs in phases.items():
+        assert len(rs) == 25 * (CONTENTION_X if name == "CPU contention (real)" else 1), name
+    assert [p["phase"] for p in trace["phases"]] == list(phases)
+    # every record names the rules engaged with their readings, whether those were simulated,
+    # the target and the MACs run
+    for r in records:
+        assert r["simulated"] == any("(simulated)" in v for v in r["rules"].values())
+        if r["phase"] != "cascade":
+            assert r["macs"] == by_id[r["config_id"]].macs * by_id[r["config_id"]].invokes
+        assert (r["target_ms"] is not None) == (r["phase"] == "CPU contention (real)")
+    # the simulated phases engage their rule on a simulated reading (the ramps cross the
+    # thresholds a quarter into the phase); nothing engages unconstrained or recovered
+    for name, rule in (("battery drain", "OnBattery"), ("thermal throttle", "WhenHot"),
+                       ("memory pressure", "UnderMemoryPressure")):
+        engaged = [r for r in phases[name] if rule in r["rules"]]
+        assert engaged and all(r["simulated"] for r in engaged), name
+        assert all("(simulated)" in r["rules"][rule] for r in engaged)
+    assert all(r["rules"] == {} for r in phases["unconstrained"] + phases["recovered (control)"])
+    assert all(set(r["rules"]) <= {"UnderContention"} and not r["simulated"]
+               for r in phases.get("CPU contention (real)", []))
+    # the memory rule is decided from the manifest's figures: never a slice that needs more
+    # than the unconstrained one did
+    from edge_sdk.policy.policy import Policy
+
+    need = {c.id: Policy.memory_need_mb(c) for c in manifest.configurations}
+    top = max(need[r["config_id"]] for r in phases["unconstrained"])
+    assert all(need[r["config_id"]] <= top for r in phases["memory pressure"])
+    # a battery rule never buys a costlier network than the unconstrained one
+    mean = lambda rs: np.mean([r["macs"] for r in rs])  # noqa: E731
+    assert mean([r for r in phases["battery drain"] if r["rules"]]) <= mean(
+        phases["unconstrained"])
     # the cascade climbs widths within one scope
     assert len({by_id[r["config_id"]].scope for r in phases["cascade"]}) == 1
 
@@ -115,3 +127,21 @@ def test_summary_md_is_generated_from_the_trace_it_sits_next_to(demo, records):
     assert ids == list(read_manifest(demo["bundle"]).ids)
     for c in {r["config_id"] for r in records}:  # every configuration that answered is listed
         assert f"| {c} |" in demo["summary"].read_text()
+
+
+def test_trace_figure_shows_the_target_and_the_rules_that_drove_each_call(records):
+    from exporters.report import _trace_figure, validate_trace
+
+    checked = validate_trace(records)  # the device replay's keys survive validation
+    assert [r["rules"] for r in checked] == [r["rules"] for r in records]
+    assert [r["target_ms"] for r in checked] == [r["target_ms"] for r in records]
+    fig = _trace_figure(records)
+    lat, state = fig.axes[0], fig.axes[4]
+    labels = [ln.get_label() for ln in lat.get_lines()]
+    if any(r["target_ms"] is not None for r in records):
+        assert "latency target (device rule)" in labels
+    rows = [t.get_text() for t in state.get_yticklabels()]
+    assert rows == list(dict.fromkeys(n for r in records for n in r["rules"]))
+    assert {"OnBattery", "WhenHot", "UnderMemoryPressure"} <= set(rows)
+    hatched = [p for p in state.collections if p.get_hatch()]
+    assert hatched  # the simulated readings' rules

@@ -85,29 +85,113 @@ def test_the_configuration_table_is_the_traces(trace):
         in md
 
 
+def _rows(md: str) -> list[str]:
+    after = md[md.index(PHASE_HEADER) + len(PHASE_HEADER):]
+    return [ln for ln in after.splitlines() if ln.startswith("| ")]
+
+
 def test_the_phase_table_is_computed_from_the_records(trace):
+    """A budget trace (written before the device rules): its budgets stand in for what drove
+    each phase and for the target."""
     md = summary_markdown(trace)
     assert PHASE_HEADER in md
-    after = md[md.index(PHASE_HEADER) + len(PHASE_HEADER):]
-    rows = [ln for ln in after.splitlines() if ln.startswith("| ")]
-    assert rows == [
-        "| unconstrained | – | – | w1.00-all8 75%, w0.50-head8 25% | 0.25 | 0.125 | 0.15 "
-        "| 0.750 | 0.750 | 100.0% | 25.0% |",
-        "| battery saver | *0.0432 ms* | – | w0.25-point 100% | 0.05 | 0.005 | 0.045 | 0.500 "
-        "| 0.500 | 50.0% | 50.0% |",
-        "| memory squeeze | – | 3.96 MB | w0.75-head8 100% | 0.05 | 0.025 | 0.025 | 1.000 "
-        "| 0.950 | 100.0% | 0.0% |",
+    assert _rows(md) == [
+        "| unconstrained | – | w1.00-all8 75%, w0.50-head8 25% | – | – | 0.25 | 0.125 | 0.15 "
+        "| 0.750 | 0.750 | – | – | 25.0% |",
+        "| battery saver | latency budget 0.0432 ms | w0.25-point 100% | 100% | – | 0.05 "
+        "| 0.005 | 0.045 | 0.500 | 0.500 | *0.0432 ms* | 50.0% | 50.0% |",
+        "| memory squeeze | memory budget 3.96 MB | w0.75-head8 100% | 100% | – | 0.05 | 0.025 "
+        "| 0.025 | 1.000 | 0.950 | – | – | 0.0% |",
     ]
 
 
 def test_a_budget_is_marked_only_when_below_the_sdks_own_time(trace):
     for r in trace["records"][4:6]:
         r["invoke_ms"] = r["latency_ms"] - 0.01  # the SDK's part 0.01 ms < budget 0.0432 ms
-    assert "| battery saver | 0.0432 ms |" in summary_markdown(trace)
+    assert "| 0.01 | 0.500 | 0.500 | 0.0432 ms | 50.0% |" in summary_markdown(trace)
     for r in trace["records"]:
         del r["invoke_ms"]  # a trace written before invoke times were recorded
     md = summary_markdown(trace)
-    assert "| battery saver | 0.0432 ms | – | w0.25-point 100% | 0.05 | – | – |" in md
+    assert "| w0.25-point 100% | 100% | – | 0.05 | – | – | 0.500 | 0.500 | 0.0432 ms |" in md
+
+
+def _device_record(step, phase, config, width, rules=None, target=None, ms=0.02, macs=1000):
+    return {"step": step, "phase": phase, "budget_latency_ms": None, "budget_memory_mb": None,
+            "target_ms": target, "config_id": config, "width": width, "samples": 1,
+            "macs": macs, "latency_ms": ms, "invoke_ms": ms - 0.008, "budget_met": True,
+            "correct": True, "confidence": 0.9, "abstain": False, "rules": rules or {},
+            "simulated": any("(simulated)" in v for v in (rules or {}).values())}
+
+
+@pytest.fixture
+def device_trace(trace) -> dict:
+    """A device replay: four phases, the battery rule engaged from the second call of its
+    phase on a simulated reading, the contention rule (real) on one call of two; the control
+    answers as the phase before it did."""
+    low = {"OnBattery": "battery 20 % (simulated), on battery (simulated) (< 30 %)"}
+    stall = {"UnderContention": "250 stalls per s of calls, +4 ms each (target p99.9 0.2 ms)"}
+    records = [
+        _device_record(0, "unconstrained", "w1.00-point", 1.0, macs=4000),
+        _device_record(1, "unconstrained", "w1.00-point", 1.0, macs=4000),
+        _device_record(2, "battery drain", "w1.00-point", 1.0, macs=4000),
+        _device_record(3, "battery drain", "w0.50-point", 0.5, low),
+        _device_record(4, "battery drain", "w0.50-point", 0.5, low),
+        _device_record(5, "battery drain", "w0.50-point", 0.5, low),
+        _device_record(6, "CPU contention (real)", "w0.50-point", 0.5, target=0.2),
+        _device_record(7, "CPU contention (real)", "w0.25-point", 0.25, stall, 0.2, ms=4.1),
+        _device_record(8, "recovered (control)", "w0.25-point", 0.25),
+        _device_record(9, "recovered (control)", "w0.50-point", 0.5),
+    ]
+    phases = [
+        {"phase": "unconstrained", "drive": "plugged in (simulated)", "rule": None,
+         "simulated": True, "calls": 2, "engaged_at": None, "effect": None},
+        {"phase": "battery drain", "drive": "on battery, 36 % -> 12 % (simulated)",
+         "rule": "OnBattery", "simulated": True, "calls": 4, "engaged_at": 1,
+         "effect": "the cheapest within 1 pt: w0.50-point"},
+        {"phase": "CPU contention (real)", "drive": "a busy process on the model's core",
+         "rule": "UnderContention", "simulated": False, "calls": 2, "engaged_at": 1,
+         "effect": "no configuration keeps p99.9 under 0.2 ms: the fastest, w0.25-point"},
+        {"phase": "recovered (control)", "drive": "plugged in (simulated)", "rule": None,
+         "simulated": True, "calls": 2, "engaged_at": None, "effect": None},
+    ]
+    setup = {"full": "w1.00-point", "p95_ms": 0.02, "target_ms": 0.2, "quantile": 0.999,
+             "slower_than": 20.0, "heat_pt": 3.0, "battery_pt": 1.0, "keep_free_mb": 256.0,
+             "floor_ms": 0.005, "contention_x": 10}
+    return {"records": records, "phases": phases, "setup": setup, "run": trace["run"],
+            "skipped": [{"phase": "memory pressure", "why": "no memory reading here"}]}
+
+
+def test_a_device_replay_says_what_drove_each_phase(device_trace):
+    md = summary_markdown(device_trace)
+    rows = _rows(md)
+    assert len(rows) == 4 and all(ln.count("|") == 14 for ln in rows)
+    assert rows[0].startswith("| unconstrained | plugged in (simulated); no rule engaged | "
+                              "w1.00-point 100% | – | 4,000 |")
+    # the rule, from which call, on simulated readings, and what it decided; 3 of 4 calls
+    # moved to width 0.5; the MACs per call are the records' mean
+    assert rows[1].startswith(
+        "| battery drain | on battery, 36 % -> 12 % (simulated); OnBattery engaged from call 2 "
+        "of 4 (75% of calls, on simulated readings); its last decision: the cheapest within 1 "
+        "pt: w0.50-point | w0.50-point 75%, w1.00-point 25% | 75% | 1,750 |")
+    # a real reading is not marked simulated; the target and the share within it
+    assert "UnderContention engaged from call 2 of 2 (50% of calls); its last decision" in md
+    assert rows[2].endswith("| 0.2 ms | 50.0% | 0.0% |")
+    assert "on simulated readings" not in rows[2]
+    assert "`UnderContention(latency_ms=0.2, quantile=0.999, slower_than=20)` (10 x " \
+           "w1.00-point's warm-up p95 of 0.02 ms" in md
+    # the control may answer as the phase before it did; every other phase moved
+    assert "Every phase moved at least 50% of its calls to another width than the phase " \
+           "before it, except the control." in md
+    assert "Phase *memory pressure* skipped: no memory reading here." in md
+    assert "device replay 1.4 s" in md
+
+
+def test_a_phase_that_did_not_move_is_named(device_trace):
+    for r in device_trace["records"][6:8]:  # contention answered as the battery drain did
+        r["config_id"], r["width"] = "w0.50-point", 0.5
+    md = summary_markdown(device_trace)
+    assert "Not every phase moved 50% of its calls to another width than the phase before " \
+           "it: *CPU contention (real)* (25% vs *battery drain*)." in md
 
 
 def test_a_different_trace_gives_different_figures(trace):
@@ -164,7 +248,7 @@ def test_the_readme_demo_section_is_a_pasted_summary():
     assert re.match(r"`edge-sdk demo[^`]*` on \d+ CPUs \(.*\): \*\*[\d.]+ s\*\* wall in all — "
                     r"train [\d.]+ s", lines[1]), lines[1]
     assert CONFIG_HEADER in block and PHASE_HEADER in block
-    n_cols = {CONFIG_HEADER: 10, PHASE_HEADER: 11}
+    n_cols = {CONFIG_HEADER: 10, PHASE_HEADER: 13}
     for header, cols in n_cols.items():
         start = lines.index(header.splitlines()[0]) + 2
         rows = []

@@ -82,6 +82,7 @@ def store_cases(data: dict, name: str, blob: bytes) -> list[Case]:
         for cfg in d["configurations"]:  # schema version 8's per-target cascade plans
             for e in cfg.get("cascade", {}).values():
                 e.pop("targets", None)
+            cfg.pop("val_accuracy", None)  # schema version 10's
         d.update(schema_version=3, layout="store",
                  store={"name": "store.bin", "sha256": hashlib.sha256(store).hexdigest(),
                         "bytes": len(store)},

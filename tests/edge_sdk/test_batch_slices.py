@@ -14,7 +14,7 @@ import edge_sdk
 from edge_sdk.tflite.model_info import _Reader
 from edge_sdk.bundle import MANIFEST_NAME, Manifest, file_entry, manifest_to_yaml, read_manifest
 from edge_sdk.errors import BundleError
-from runtime_support import without_cascade_targets
+from runtime_support import without_cascade_targets, without_val_accuracy
 
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
 
@@ -57,6 +57,7 @@ def _as_version_1(bundle: Path, dst: Path) -> Path:
     data = read_manifest(dst).to_dict()
     data["schema_version"] = 1
     without_cascade_targets(data)  # schema version 8's
+    without_val_accuracy(data)  # schema version 10's
     del data["batch_dim"]
     data.pop("uncertainty", None)  # schema version 5's; the file stays, unlisted
     data.pop("input_stats", None)  # schema version 6's

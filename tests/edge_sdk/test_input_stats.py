@@ -10,7 +10,7 @@ import edge_sdk
 from edge_sdk.bundle import InputStats, Manifest, read_manifest
 from edge_sdk.errors import BundleError, InputError
 from edge_sdk.inputs.stats import SuspectCheck
-from runtime_support import without_cascade_targets
+from runtime_support import without_cascade_targets, without_val_accuracy
 
 
 def _stats(channels=1, mean=(2.0, 6.0), top=(14.0, 16.0), margin=1.0) -> InputStats:
@@ -93,7 +93,7 @@ def test_input_stats_round_trip_and_bad_values_name_their_key(bundle):
     bad = dict(data, input_stats=dict(data["input_stats"], margin=-1.0))
     with pytest.raises(BundleError, match=r"input_stats\.margin: expected a margin >= 0"):
         Manifest.from_dict(bad)
-    old = without_cascade_targets(dict(data, schema_version=5))
+    old = without_val_accuracy(without_cascade_targets(dict(data, schema_version=5)))
     with pytest.raises(BundleError, match="input_stats: needs schema version 6"):
         Manifest.from_dict(old)
     old.pop("input_stats")
@@ -147,6 +147,7 @@ def test_a_bundle_without_statistics_answers_none(bundle, tmp_path, digits):
     data.pop("input_stats")
     data["schema_version"] = 5
     without_cascade_targets(data)  # schema version 8's
+    without_val_accuracy(data)  # schema version 10's
     (dst / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     m = edge_sdk.load(dst, profile=None)
     assert m.predict(digits[0] / 16).input_suspect is None

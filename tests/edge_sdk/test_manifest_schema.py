@@ -110,6 +110,8 @@ BROKEN = {
     "macs 1.5": _set(f"{C0}/macs", 1.5),
     "folded 'no'": _set(f"{C0}/temperature_folded", "no"),
     "missing val_nll": _set(f"{C0}/val_nll", _DELETE),
+    "val_accuracy 1.5": _set(f"{C0}/val_accuracy", 1.5),
+    "val_accuracy as text": _set(f"{C0}/val_accuracy", "high"),
     "unknown configuration key": _set(f"{C0}/colour", "red"),
     "threshold key 'high'": _set(f"{C0}/thresholds", {"high": 0.5}),
     "threshold key '0'": _set(f"{C0}/thresholds", {"0": 0.5}),

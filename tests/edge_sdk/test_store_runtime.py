@@ -32,7 +32,7 @@ from edge_sdk.store.sources import StoreSlices, representatives
 from edge_sdk.store.to_files import files_manifest
 from edge_sdk.cli.device import materialize_main
 from edge_sdk.errors import BundleError
-from runtime_support import without_cascade_targets
+from runtime_support import without_cascade_targets, without_val_accuracy
 
 PLENTY_MB = 1e9
 STORE = b"a fake weight store: only its sha256 and size matter here\n" * 7
@@ -98,6 +98,7 @@ def fake_store_bundle(files_bundle: Path, dst: Path, all1: bool = True) -> tuple
     data.pop("uncertainty", None)  # schema version 5's (its file is not in this bundle)
     data.pop("input_stats", None)  # schema version 6's
     without_cascade_targets(data)  # schema version 8's
+    without_val_accuracy(data)  # schema version 10's
     data.update(schema_version=3, layout="store",
                 store=file_entry("store.bin", STORE, StoreEntry).to_dict(),
                 graphs={w: {"tensors": [], "ops": [], "inputs": [], "outputs": []}
@@ -372,6 +373,7 @@ def test_earlier_schema_versions_still_load(bundle, tmp_path):
     for key in ("layout", "store", "graphs", "uncertainty", "input_stats"):
         data.pop(key, None)
     without_cascade_targets(data)
+    without_val_accuracy(data)
     (copy / MANIFEST_NAME).write_text(manifest_to_yaml(Manifest.from_dict(data)))
     x = _x(bundle)
     old = edge_sdk.load(copy, profile=None, memory_reader=lambda: PLENTY_MB)

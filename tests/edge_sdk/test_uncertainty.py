@@ -15,7 +15,7 @@ from edge_sdk.bundle import MANIFEST_NAME, Manifest, manifest_to_yaml, read_mani
 from edge_sdk.errors import BundleError, ChecksumMismatchError, ConfigError
 from edge_sdk.policy.plan import Stage
 from edge_sdk.answers.uncertainty import ALPHAS, FILE_NAME, Uncertainty, cascade_key, check_alpha
-from runtime_support import without_cascade_targets
+from runtime_support import without_cascade_targets, without_val_accuracy
 
 
 def _inputs(m, n, seed=0):
@@ -187,6 +187,7 @@ def test_an_older_bundle_loads_with_no_score_and_no_set(bundle, tmp_path):
     data = read_manifest(dst).to_dict()
     data["schema_version"] = 4
     without_cascade_targets(data)  # schema version 8's
+    without_val_accuracy(data)  # schema version 10's
     del data["uncertainty"]
     data.pop("input_stats", None)
     (dst / FILE_NAME).unlink()

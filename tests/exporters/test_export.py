@@ -386,6 +386,27 @@ def test_confidence_thresholds_ties_are_all_in_or_all_out(order):
     assert got == {"1": None, "0.6": pytest.approx(0.8), "0.5": pytest.approx(0.8)}
 
 
+def test_the_record_carries_the_validation_predictions_accuracy():
+    """Schema version 10's val_accuracy: the argmax of the sample-averaged validation
+    probabilities against the labels (the same at any temperature), 6 significant digits."""
+    from exporters.configs import Configurations, EvalSets
+
+    rng = np.random.default_rng(7)
+    y = np.array([0, 1, 2, 0, 1, 2, 0])
+    # two samples whose average is right on 4 of the 7 rows (rows 4..6 lean to a wrong class)
+    lean = np.eye(3)[np.where(np.arange(7) < 4, y, (y + 1) % 3)]
+    val = np.stack([3 * lean + rng.normal(0, 0.3, (7, 3)) for _ in range(2)])
+    ev = EvalSets(np.zeros((7, 1, 1, 1), np.float32), y, np.zeros((7, 1, 1, 1), np.float32), y)
+    out = Configurations(ev, (0.9,), "dequantize", measure=False, classes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)  # (7 validation samples)
+        rec = out.add("c", 1.0, "head", 2, ["c.tflite"], [b"slice"], (val, val, None),
+                      {"macs": 1, "params": 1})
+    want = (predictive_probs(val, rec["temperature"]).argmax(1) == y).mean()
+    assert want == pytest.approx(4 / 7) and rec["val_accuracy"] == 0.571429
+    assert list(rec).index("val_accuracy") == list(rec).index("val_nll") + 1
+
+
 # --------------------------------------------------------------- 5. export_bundle
 
 @pytest.fixture(scope="module")
@@ -424,6 +445,7 @@ def test_bundle_manifest_and_files(bundles, kind):
         assert len(c.files) == invokes
         assert c.width in WIDTHS
         assert c.temperature > 0 and math.isfinite(c.val_nll)
+        assert c.val_accuracy is not None and 0.0 <= c.val_accuracy <= 1.0  # schema version 10
         assert c.latency_ms is None and c.memory_mb is None  # measure=False
         assert set(c.thresholds) == {"0.9", "0.95", "0.99"}
         assert set(c.test) == {"raw", "calibrated"}
@@ -480,8 +502,11 @@ def test_bundle_files_match_torch_slices(bundles, checkpoints, data, calib, kind
         else:
             val = np.stack([run_tflite(f, x_val)[:, 0] for f in files])
         val = np.asarray(val, np.float64)
-        at_t = _nll(_softmax(val / c.temperature).mean(0), y_val)
+        val_probs = _softmax(val / c.temperature).mean(0)
+        at_t = _nll(val_probs, y_val)
         assert c.val_nll == pytest.approx(at_t, rel=1e-6)
+        # schema version 10: the validation predictions' accuracy (6 significant digits)
+        assert c.val_accuracy == pytest.approx((val_probs.argmax(1) == y_val).mean(), abs=1e-6)
         assert at_t <= _nll(_softmax(val).mean(0), y_val) + 1e-12  # T never hurts validation
 
 

@@ -357,6 +357,41 @@ def test_store_bundle_files_are_the_materialised_bytes(bundles, data, kind):
         assert [model.predict(xi, config_id=c.id).label for xi in raw] == want.tolist()
 
 
+def test_a_store_bundle_records_each_configurations_validation_accuracy(bundles, checkpoints,
+                                                                        tmp_path):
+    """Schema version 10: every configuration's val_accuracy is the accuracy of its
+    materialised files on the validation split (at its temperature); the compact store
+    manifest writes it and ``edge-sdk materialize``'s files bundle keeps it."""
+    import yaml
+
+    from edge_sdk.store.to_files import materialize_bundle
+
+    out = bundles["gaussian"]
+    written = yaml.safe_load((out / "manifest.yaml").read_text())
+    assert written["schema_version"] == SCHEMA_VERSION == 10
+    assert all("val_accuracy" in c for c in written["configurations"])
+    m = read_manifest(out, verify=True)
+    ckpt = ckpt_io.load_checkpoint(checkpoints["gaussian"])
+    d = load_data(config_from_dict(ckpt["config"]).data, ckpt_io.input_spec(ckpt))
+    x, y = nhwc_inputs(d.val, MAX_EVAL)  # the exporter's validation inputs
+    store = decode_store((out / "store.bin").read_bytes())
+    for c in m.configurations:
+        files = [materialize_file(store, m, c, i) for i in range(len(c.files))]
+        if c.scope == "head":
+            logits = np.transpose(run_tflite(files[0], x), (1, 0, 2))
+        else:
+            logits = np.stack([run_tflite(f, x)[:, 0] for f in files])
+        z = np.asarray(logits, np.float64) / c.temperature
+        probs = np.exp(z - z.max(-1, keepdims=True))
+        probs = (probs / probs.sum(-1, keepdims=True)).mean(0)
+        assert c.val_accuracy == pytest.approx((probs.argmax(1) == y).mean(), abs=1e-6), c.id
+    files_bundle, _ = materialize_bundle(out, tmp_path / "files")
+    again = read_manifest(files_bundle, verify=True)
+    assert again.layout == "files"
+    assert [c.val_accuracy for c in again.configurations] == \
+        [c.val_accuracy for c in m.configurations]
+
+
 def test_store_file_bytes_compresses_only_when_smaller():
     """The exporter's rule: version 2 when it is smaller than version 1 (and asked for)."""
     rng = np.random.default_rng(0)
