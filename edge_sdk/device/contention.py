@@ -106,7 +106,7 @@ class Contention:
         """A call that did not stall, after one did: is the contention over? (While not
         contended: once the windows have forgotten the stalls, stop asking.)"""
         if self.contended:
-            gap = QUIET_SLICES / self.rate_wide
+            gap = QUIET_SLICES / self.rate
             if self.work_ms - self._slice_at >= max(gap, QUIET_MS):
                 self.clear()
         elif self.work_ms - self._at > 5 * self.slow_window_ms:
@@ -134,8 +134,6 @@ class Contention:
         if self.contended and self.extra_ms > 0:
             r = max(r, 1.0 / self.extra_ms)
         return r
-
-    rate_wide = rate  # (one rate for the incumbent and the others: the headroom tells apart)
 
     def p_stall(self, latency_ms: float, rate: float | None = None) -> float:
         """The probability that a call of ``latency_ms`` stalls, at the current rate."""

@@ -164,8 +164,7 @@ class Policy(Estimates, Planner, Variants):
     def ranked(self) -> list[Configuration]:
         """Every configuration in the rule's order of preference (quality rank 1 first), a
         network's other precision variants right after the one that answers for it."""
-        return [v for c in self._ranked for v in (c, *(o for o in self.variants(c)
-                                                        if o is not c))]
+        return self.with_variants(self._ranked)
 
     def use_rules(self, rules: RuleSet | None, contention: Contention | None = None) -> None:
         """Apply ``rules`` (edge_sdk.policy.rules) from the next decision on; ``contention``:

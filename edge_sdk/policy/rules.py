@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence, Union
 
-from edge_sdk.device.state import Signal
+from edge_sdk.device.state import DeviceState, Signal
 from edge_sdk.errors import ConfigError
 from edge_sdk.validation import show
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from edge_sdk.bundle.configuration import Configuration
     from edge_sdk.device.contention import Contention
     from edge_sdk.device.monitor import DeviceMonitor
-    from edge_sdk.device.state import DeviceState
 
 __all__ = ["OnBattery", "Rule", "RuleContext", "RuleSet", "UnderContention",
            "UnderMemoryPressure", "WhenHot", "accuracy"]
@@ -227,8 +226,7 @@ class UnderContention:
             raise ConfigError(f"{self.name}.slower_than must be above 1 (a stall is a call "
                               f"slower than expected), got {show(self.slower_than)}")
 
-    def _allowed(self, c: Configuration, ctx: RuleSet, rate: float, wide: float,
-                 moving: bool) -> bool:
+    def _allowed(self, c: Configuration, ctx: RuleSet, rate: float, moving: bool) -> bool:
         pol = ctx.policy
         # a network at its fastest precision (the one the policy settles on: a variant being
         # probed for a few calls must not make the rule drop the network)
@@ -243,7 +241,7 @@ class UnderContention:
             return ct.p_stall(t, rate) <= 1 - self.quantile
         # the headroom only guards an incumbent that still keeps the target ("moving": it
         # does not, so the best that keeps it answers, as the budget rule's hysteresis)
-        return ct.p_stall(t, wide) <= (1 - self.quantile) * (1 if moving else 1 - self.headroom)
+        return ct.p_stall(t, rate) <= (1 - self.quantile) * (1 if moving else 1 - self.headroom)
 
     def reading(self, s: DeviceState, ctx: RuleSet, was: bool) -> str | None:
         ct = ctx.contention
@@ -255,10 +253,10 @@ class UnderContention:
               ) -> tuple[list[Configuration], str]:
         ct = ctx.contention
         assert ct is not None
-        rate, wide = ct.rate, ct.rate_wide
+        rate = ct.rate
         last = next((c for c in pool if c.id == ctx.policy._last), None)
-        moving = last is None or not self._allowed(last, ctx, rate, wide, False)
-        keep = [c for c in pool if self._allowed(c, ctx, rate, wide, moving)]
+        moving = last is None or not self._allowed(last, ctx, rate, False)
+        keep = [c for c in pool if self._allowed(c, ctx, rate, moving)]
         if not keep:
             # the fastest by the profile, not by this process's estimates: stalls inflate
             # whichever answers, and "the fastest" by them went round every width in turn
@@ -329,8 +327,6 @@ class RuleSet:
 
     @property
     def state(self) -> DeviceState:
-        from edge_sdk.device.state import DeviceState
-
         return self.monitor.state if self.monitor is not None else DeviceState()
 
     def stale(self) -> bool:

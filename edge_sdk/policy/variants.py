@@ -122,6 +122,11 @@ class Variants:
         precision variants as its answering variant (:meth:`active_variant`)."""
         return list(self._ranked)
 
+    def with_variants(self, order: list[Configuration]) -> list[Configuration]:
+        """``order`` with each network's other precision variants right after the one that
+        answers for it."""
+        return [v for c in order for v in (c, *(o for o in self.variants(c) if o is not c))]
+
     def variants(self, c: Configuration) -> tuple[Configuration, ...]:
         """``c``'s equivalent variants (``c`` alone when it has none)."""
         return self._group.get(c.id, (c,))

@@ -44,8 +44,8 @@ def use_rules(policy: Policy, rules: Iterable[Rule] | Rule | None, readers: Read
     if tail is not None:
         contention = Contention(slower_than=tail.slower_than, target_ms=tail.latency_ms,
                                 signal=signal)
-    policy.use_rules(RuleSet(got, policy, monitor, contention, policy.configs), contention)
+    ruleset = RuleSet(got, policy, monitor, contention, policy.configs)
     if monitor is not None:
-        monitor.start()
-        policy._rerank()  # the first reading is in: judge it before the first call
+        monitor.start()  # the first reading in before the rules first judge
+    policy.use_rules(ruleset, contention)
     return monitor

@@ -84,8 +84,7 @@ def decision_table(pol: Policy, budget: Budget, n: int, policy_name: str) -> Exp
     rows = []
     allowed = {c.id for c in pol.ranked}
     rs = pol.rules
-    every = pol.ranked if rs is None else \
-        [v for c in pol._quality for v in (c, *(o for o in pol.variants(c) if o is not c))]
+    every = pol.with_variants(pol._ranked if rs is None else pol._quality)
     for rank, c in enumerate(every, 1):
         pred = pol.predicted_latency_ms(c, n)
         rows.append(ExplainRow(

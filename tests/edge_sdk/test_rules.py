@@ -232,7 +232,7 @@ def spy_views(m) -> list[dict]:
         seen.append({
             "state": rs.state, "engaged": dict(rs.engaged), "pool": [c.id for c in pool],
             "incumbent": pol._last, "rate": None if ct is None else ct.rate,
-            "wide": None if ct is None else ct.rate_wide,
+            "wide": None if ct is None else ct.rate,
             "extra": None if ct is None else ct.extra_ms,
             "effects": dict(rs.effects),
             "t": {c.id: min(pol.predicted_latency_ms(v) for v in pol.variants(c)) for c in order}})
